@@ -1,0 +1,39 @@
+"""Errors raised by remote vector envs.
+
+The gymnasium error types (``AlreadyPendingCallError``, ``NoAsyncCallError``,
+``ClosedEnvironmentError``) are re-used as-is so code written against
+``AsyncVectorEnv`` keeps catching the right thing.
+"""
+
+from __future__ import annotations
+
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
+
+__all__ = [
+    "AlreadyPendingCallError",
+    "ClosedEnvironmentError",
+    "NoAsyncCallError",
+    "SubEnvironmentError",
+    "SubEnvironmentFailedError",
+]
+
+
+class SubEnvironmentError(RuntimeError):
+    """A sub-environment raised and restarts are disabled.
+
+    Attributes:
+        index: the sub-environment's index in the vector env.
+        remote_traceback: the traceback text from the actor that hosted it.
+    """
+
+    def __init__(self, index: int, message: str, remote_traceback: str = "") -> None:
+        self.index = index
+        self.remote_traceback = remote_traceback
+        text = f"sub-environment {index}: {message}"
+        if remote_traceback:
+            text += f"\n--- remote traceback (sub-environment {index}) ---\n{remote_traceback}"
+        super().__init__(text)
+
+
+class SubEnvironmentFailedError(SubEnvironmentError):
+    """A sub-environment kept failing after ``max_restarts`` restarts."""

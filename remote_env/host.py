@@ -1,0 +1,408 @@
+"""The actor side: one host holds ``envs_per_actor`` sub-environments.
+
+``SubEnvHost`` is a plain class so it can be unit-tested in-process; the vector
+env wraps it with ``ray.remote``. One call steps every sub-env it is given, which
+is what makes Ray affordable (an actor round trip costs ~1 ms on 2 cores).
+
+Autoreset happens here, not in the driver, so NEXT_STEP / SAME_STEP never cost an
+extra round trip and a restarted env can be reset where it lives.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from remote_env import multi_agent
+from remote_env._types import Batch, Failure, FailureReason
+
+EnvFn = Callable[[], Any]
+
+
+def restart_seed(seed: int | None, restarts: int) -> int | None:
+    """Seed for an env's first reset after its ``restarts``-th restart.
+
+    Deterministic, so a run with faults is reproducible, and different from the
+    original seed, so a restarted env does not replay the episode that killed it.
+    """
+    if seed is None:
+        return None
+    return int(np.random.SeedSequence([seed, restarts]).generate_state(1)[0])
+
+
+class _ActorEnvProxy(gym.Env[Any, Any]):
+    """Lets a make-env callable return a Ray actor handle instead of an env."""
+
+    def __init__(self, handle: Any) -> None:
+        import ray
+
+        self._ray = ray
+        self._handle = handle
+        self.observation_space, self.action_space, self.metadata, self.render_mode = ray.get(
+            handle.__ray_call__.remote(
+                lambda env: (
+                    env.observation_space,
+                    env.action_space,
+                    getattr(env, "metadata", {}),
+                    getattr(env, "render_mode", None),
+                )
+            )
+        )
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        return self._ray.get(self._handle.reset.remote(seed=seed, options=options))
+
+    def step(self, action: Any) -> Any:
+        return self._ray.get(self._handle.step.remote(action))
+
+    def close(self) -> None:
+        self._ray.kill(self._handle)
+
+
+class _Slot:
+    """One sub-environment and the bookkeeping its restarts need."""
+
+    __slots__ = (
+        "consecutive_failures",
+        "env",
+        "env_fn",
+        "fresh",
+        "index",
+        "last_obs",
+        "needs_reset",
+        "restarts",
+        "seed",
+    )
+
+    def __init__(self, index: int, env_fn: EnvFn) -> None:
+        self.index = index
+        self.env_fn = env_fn
+        self.env: Any = None
+        self.last_obs: Any = None
+        self.needs_reset = False
+        # recreated after a failure and not reset since
+        self.fresh = False
+        self.seed: int | None = None
+        self.restarts = 0
+        self.consecutive_failures = 0
+
+
+class SubEnvHost:
+    """Hosts some sub-environments of one vector env.
+
+    Args:
+        env_fns: one make-env callable per sub-env; failures name sub-envs by
+            their position here and the driver maps that to its env index.
+        autoreset_mode: gymnasium autoreset mode, applied here.
+        restart_failed: restart a sub-env that raises instead of reporting it.
+        max_restarts: consecutive failed restarts allowed per sub-env.
+        restart_backoff_s: first backoff; doubles per consecutive failure.
+        threads: step sub-envs on this many threads (for envs that wait on I/O).
+        restart_seeds: after an actor restart, the seeds the envs had, so their
+            first reset is seeded as :func:`restart_seed` says.
+        restarts: restart counts carried over from a dead actor.
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[EnvFn],
+        *,
+        autoreset_mode: str = AutoresetMode.NEXT_STEP.value,
+        restart_failed: bool = False,
+        max_restarts: int = 10,
+        restart_backoff_s: float = 0.0,
+        threads: int = 1,
+        restart_seeds: Sequence[int | None] | None = None,
+        restarts: Sequence[int] | None = None,
+        multi_agent_hint: bool | None = None,
+    ) -> None:
+        self._slots = [_Slot(i, fn) for i, fn in enumerate(env_fns)]
+        self._info: dict[str, Any] | None = None
+        self._mode = AutoresetMode(autoreset_mode)
+        self._restart = restart_failed
+        self._max_restarts = max_restarts
+        self._backoff = restart_backoff_s
+        self._multi_agent_hint = multi_agent_hint
+        self._multi_agent = False
+        self._box_obs = False
+        self._pool = (
+            concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="subenv")
+            if threads > 1
+            else None
+        )
+        for n, slot in enumerate(self._slots):
+            if restarts is not None:
+                slot.restarts = restarts[n]
+            if restart_seeds is not None:
+                slot.seed = restart_seeds[n]
+                # The envs of a dead actor come back un-reset: NEXT_STEP resets them on
+                # the next step; the first reset uses a restart seed.
+                slot.needs_reset = True
+                slot.fresh = True
+
+    # ----------------------------------------------------------------- set-up
+    def start(self) -> dict[str, Any]:
+        """Create the sub-envs; return spaces and metadata of the first one.
+
+        Separate from ``__init__`` so a constructor that raises arrives as a normal
+        task error (with its traceback) rather than as an actor that died.
+        """
+        if self._info is not None:
+            return {**self._info, "failures": []}
+        failures: list[Failure] = []
+        for slot in self._slots:
+            failure = self._create(slot, first=True)
+            if failure is not None:
+                failures.append(failure)
+                if failure.permanent:
+                    return {"failures": failures}
+        env = self._slots[0].env
+        self._multi_agent = (
+            self._multi_agent_hint
+            if self._multi_agent_hint is not None
+            else multi_agent.is_multi_agent(env)
+        )
+        if self._multi_agent:
+            obs_space, act_space = multi_agent.spaces(env)
+        else:
+            obs_space, act_space = env.observation_space, env.action_space
+        self._box_obs = isinstance(obs_space, gym.spaces.Box)
+        self._info = {
+            "num_envs": len(self._slots),
+            "observation_space": obs_space,
+            "action_space": act_space,
+            "metadata": dict(getattr(env, "metadata", {}) or {}),
+            "render_mode": getattr(env, "render_mode", None),
+            "multi_agent": self._multi_agent,
+            "pid": os.getpid(),
+        }
+        return {**self._info, "failures": failures}
+
+    def describe(self) -> dict[str, Any] | None:
+        """What :meth:`start` returned, for a driver adopting a running host."""
+        return self._info
+
+    def _create(self, slot: _Slot, *, first: bool) -> Failure | None:
+        """(Re)create a slot's env, retrying with backoff when restarts are on."""
+        while True:
+            try:
+                env = slot.env_fn()
+                if _is_actor_handle(env):
+                    env = _ActorEnvProxy(env)
+                slot.env = env
+                return None
+            except Exception as exc:
+                slot.consecutive_failures += 1
+                tb = traceback.format_exc()
+                permanent = (not self._restart) or slot.consecutive_failures > self._max_restarts
+                if permanent:
+                    what = "constructor raised" if first else "constructor raised on restart"
+                    return Failure(
+                        slot.index,
+                        "exception",
+                        f"{what}: {type(exc).__name__}: {exc}",
+                        tb,
+                        permanent=True,
+                    )
+                self._sleep_backoff(slot)
+
+    def _sleep_backoff(self, slot: _Slot) -> None:
+        if self._backoff > 0 and slot.consecutive_failures > 0:
+            time.sleep(min(self._backoff * 2 ** (slot.consecutive_failures - 1), 60.0))
+
+    def _restart_slot(self, slot: _Slot, reason: FailureReason, exc: BaseException) -> Failure:
+        """Replace a failed env; the caller decides what the failed step returns."""
+        tb = traceback.format_exc()
+        message = f"{type(exc).__name__}: {exc}"
+        slot.consecutive_failures += 1
+        if not self._restart or slot.consecutive_failures > self._max_restarts:
+            return Failure(slot.index, reason, message, tb, permanent=True)
+        try:
+            slot.env.close()
+        except Exception:  # a broken env may not close cleanly; it is replaced anyway
+            pass
+        self._sleep_backoff(slot)
+        slot.env = None
+        failure = self._create(slot, first=False)
+        if failure is not None:
+            return Failure(slot.index, reason, f"{message}; then {failure.message}", tb, permanent=True)
+        slot.restarts += 1
+        slot.needs_reset = True
+        slot.fresh = True
+        return Failure(slot.index, reason, message, tb, restarted=True)
+
+    # ------------------------------------------------------------------ calls
+    def ping(self) -> int:
+        return os.getpid()
+
+    def reset(
+        self,
+        positions: Sequence[int],
+        seeds: Sequence[int | None],
+        options: dict[str, Any] | None,
+    ) -> Batch:
+        """Reset the slots at ``positions`` (host-local)."""
+        results = self._map(
+            lambda p, s: self._reset_one(self._slots[p], s, options), positions, seeds
+        )
+        return self._pack(positions, results, is_reset=True)
+
+    def step(self, positions: Sequence[int], actions: Sequence[Any]) -> Batch:
+        """Step (or autoreset) the slots at ``positions`` with ``actions``."""
+        results = self._map(lambda p, a: self._step_one(self._slots[p], a), positions, actions)
+        return self._pack(positions, results, is_reset=False)
+
+    def call(self, positions: Sequence[int], name: str, args: Any, kwargs: Any) -> list[Any]:
+        out = []
+        for p in positions:
+            attr = getattr(self._slots[p].env, name)
+            out.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return out
+
+    def set_attr(self, positions: Sequence[int], name: str, values: Sequence[Any]) -> None:
+        for p, v in zip(positions, values, strict=True):
+            setattr(self._slots[p].env, name, v)
+
+    def seeds(self) -> list[int | None]:
+        return [s.seed for s in self._slots]
+
+    def restart_counts(self) -> list[int]:
+        return [s.restarts for s in self._slots]
+
+    def close(self) -> None:
+        for slot in self._slots:
+            if slot.env is not None:
+                try:
+                    slot.env.close()
+                except Exception:  # closing is best effort; the actor is killed next
+                    pass
+                slot.env = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+    # --------------------------------------------------------------- internals
+    def _map(self, fn: Callable[[int, Any], Any], a: Sequence[int], b: Sequence[Any]) -> list[Any]:
+        if self._pool is None or len(a) == 1:
+            return [fn(x, y) for x, y in zip(a, b, strict=True)]
+        return list(self._pool.map(fn, a, b))
+
+    def _do_reset(self, slot: _Slot, seed: int | None, options: dict[str, Any] | None) -> Any:
+        if seed is None and slot.fresh and slot.seed is not None:
+            # first reset after a restart: keep the run reproducible
+            seed = restart_seed(slot.seed, slot.restarts)
+        elif seed is not None:
+            slot.seed = seed
+        if self._multi_agent:
+            obs, info = multi_agent.reset(slot.env, seed, options)
+        else:
+            obs, info = slot.env.reset(seed=seed, options=options)
+        slot.needs_reset = False
+        slot.fresh = False
+        slot.last_obs = obs
+        return obs, info
+
+    def _reset_one(self, slot: _Slot, seed: int | None, options: dict[str, Any] | None) -> Any:
+        failure = None
+        while True:
+            try:
+                obs, info = self._do_reset(slot, seed, options)
+                slot.consecutive_failures = 0
+                return obs, 0.0, False, False, info, failure
+            except Exception as exc:
+                failure = self._restart_slot(slot, "exception", exc)
+                if failure.permanent:
+                    return slot.last_obs, 0.0, False, False, {}, failure
+                seed = None
+
+    def _step_one(self, slot: _Slot, action: Any) -> Any:
+        if slot.needs_reset and self._mode is AutoresetMode.NEXT_STEP:
+            obs, _, _, _, info, failure = self._reset_one(slot, None, None)
+            return obs, 0.0, False, False, info, failure
+        try:
+            if self._multi_agent:
+                obs, rew, term, trunc, info = multi_agent.step(slot.env, action)
+                done = multi_agent.episode_over(slot.env, term, trunc)
+            else:
+                obs, rew, term, trunc, info = slot.env.step(action)
+                done = bool(term or trunc)
+        except Exception as exc:
+            return self._failed_step(slot, exc)
+        slot.consecutive_failures = 0
+        slot.last_obs = obs
+        if done:
+            if self._mode is AutoresetMode.NEXT_STEP:
+                slot.needs_reset = True
+            elif self._mode is AutoresetMode.SAME_STEP:
+                final = {"final_obs": obs, "final_info": info}
+                obs, info, failure = self._same_step_reset(slot)
+                return obs, rew, term, trunc, {**final, **info}, failure
+        return obs, rew, term, trunc, info, None
+
+    def _same_step_reset(self, slot: _Slot) -> Any:
+        obs, _, _, _, info, failure = self._reset_one(slot, None, None)
+        return obs, info, failure
+
+    def _failed_step(self, slot: _Slot, exc: BaseException) -> Any:
+        """A failed step ends the episode: truncated, with the error in info."""
+        failure = self._restart_slot(slot, "exception", exc)
+        info: dict[str, Any] = {"error": failure.message}
+        term: Any = False
+        trunc: Any = True
+        rew: Any = 0.0
+        if self._multi_agent:
+            agents = multi_agent.agent_ids(slot.last_obs)
+            term, trunc, rew = multi_agent.ended_dicts(agents)
+        obs = slot.last_obs
+        if failure.restarted and self._mode is AutoresetMode.SAME_STEP:
+            final = {"final_obs": obs, "final_info": dict(info)}
+            obs, reset_info, again = self._same_step_reset(slot)
+            info = {**final, **reset_info, "error": failure.message}
+            if again is not None:
+                failure = again
+        elif not failure.permanent and self._mode is AutoresetMode.DISABLED:
+            slot.needs_reset = True
+        return obs, rew, term, trunc, info, failure
+
+    def _pack(self, positions: Sequence[int], results: list[Any], *, is_reset: bool) -> Batch:
+        obs = [r[0] for r in results]
+        failures = [r[5] for r in results if r[5] is not None]
+        if self._multi_agent:
+            return Batch(
+                [self._slots[p].index for p in positions],
+                obs,
+                [r[1] for r in results],
+                [r[2] for r in results],
+                [r[3] for r in results],
+                [r[4] for r in results],
+                failures,
+                is_reset,
+            )
+        stacked: Any = obs
+        if self._box_obs and all(o is not None for o in obs):
+            stacked = np.stack(obs)
+        return Batch(
+            [self._slots[p].index for p in positions],
+            stacked,
+            np.fromiter((r[1] for r in results), dtype=np.float64, count=len(results)),
+            np.fromiter((bool(r[2]) for r in results), dtype=np.bool_, count=len(results)),
+            np.fromiter((bool(r[3]) for r in results), dtype=np.bool_, count=len(results)),
+            [r[4] for r in results],
+            failures,
+            is_reset,
+        )
+
+
+def _is_actor_handle(obj: Any) -> bool:
+    try:
+        from ray.actor import ActorHandle
+    except ImportError:  # pragma: no cover - ray is a dependency
+        return False
+    return isinstance(obj, ActorHandle)

@@ -1,0 +1,167 @@
+"""Prometheus metrics for remote vector envs.
+
+Everything goes to an injected ``CollectorRegistry``; nothing is registered on the
+global registry at import time. Several pools may share one registry: the metric
+families are created once per registry and each pool is a ``pool`` label value.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+FAILURE_REASONS = ("exception", "actor_died", "timeout")
+ENV_STATES = ("running", "restarting", "failed")
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+StateFn = Callable[[], Mapping[str, int]]
+
+
+class _EnvStateCollector(Collector):
+    """``envpool_envs{state}`` computed at scrape time from each pool's callback."""
+
+    def __init__(self, labelnames: tuple[str, ...]) -> None:
+        self._labelnames = labelnames
+        self._sources: dict[tuple[str, ...], StateFn] = {}
+        self._lock = threading.Lock()
+
+    def add(self, labels: tuple[str, ...], fn: StateFn) -> None:
+        with self._lock:
+            self._sources[labels] = fn
+
+    def remove(self, labels: tuple[str, ...]) -> None:
+        with self._lock:
+            self._sources.pop(labels, None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "envpool_envs", "Sub-environments by state.", labels=[*self._labelnames, "state"]
+        )
+        with self._lock:
+            sources = list(self._sources.items())
+        for labels, fn in sources:
+            counts = fn()
+            for state in ENV_STATES:
+                family.add_metric([*labels, state], counts.get(state, 0))
+        yield family
+
+
+class _Families:
+    def __init__(self, registry: CollectorRegistry, labelnames: tuple[str, ...]) -> None:
+        ln = list(labelnames)
+        self.labelnames = labelnames
+        self.polls = Counter(
+            "envpool_polls", "Polls (step_wait/recv calls) that returned results.", ln,
+            registry=registry,
+        )
+        self.batch = Histogram(
+            "envpool_poll_batch_size", "Sub-envs returned per poll.", ln,
+            buckets=_BATCH_BUCKETS, registry=registry,
+        )
+        self.wait = Histogram(
+            "envpool_poll_wait_seconds", "Time a poll waited for results.", ln,
+            buckets=_WAIT_BUCKETS, registry=registry,
+        )
+        self.steps = Counter(
+            "envpool_env_steps", "Sub-env steps returned.", ln, registry=registry
+        )
+        self.failures = Counter(
+            "envpool_env_failures", "Sub-env failures by reason.", [*ln, "reason"],
+            registry=registry,
+        )
+        self.env_restarts = Counter(
+            "envpool_env_restarts", "Sub-envs re-created after a failure.", ln, registry=registry
+        )
+        self.actor_restarts = Counter(
+            "envpool_actor_restarts", "Env actors re-created after dying or hanging.", ln,
+            registry=registry,
+        )
+        self.states = _EnvStateCollector(labelnames)
+        registry.register(self.states)
+
+
+_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = (
+    weakref.WeakKeyDictionary()
+)
+_lock = threading.Lock()
+
+
+def _families(registry: CollectorRegistry, labelnames: tuple[str, ...]) -> _Families:
+    with _lock:
+        fam = _by_registry.get(registry)
+        if fam is None:
+            fam = _Families(registry, labelnames)
+            _by_registry[registry] = fam
+        elif fam.labelnames != labelnames:
+            raise ValueError(
+                f"this registry already holds envpool metrics labelled {fam.labelnames}; "
+                f"got {labelnames}: use one labelling per registry"
+            )
+        return fam
+
+
+class PoolMetrics:
+    """The series of one pool. Create labelled series up front so they scrape as 0.
+
+    Args:
+        registry: where to register; a private registry when None.
+        pool: value of the ``pool`` label.
+        namespace: value of the ``namespace`` label (in-cluster); None leaves it out.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        pool: str = "default",
+        namespace: str | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        names = ("pool",) if namespace is None else ("namespace", "pool")
+        self._labels = (pool,) if namespace is None else (namespace, pool)
+        self._f = _families(self.registry, names)
+        lv = self._labels
+        self.polls = self._f.polls.labels(*lv)
+        self.batch_size = self._f.batch.labels(*lv)
+        self.wait = self._f.wait.labels(*lv)
+        self.steps = self._f.steps.labels(*lv)
+        self.failures = {r: self._f.failures.labels(*lv, r) for r in FAILURE_REASONS}
+        self.env_restarts = self._f.env_restarts.labels(*lv)
+        self.actor_restarts = self._f.actor_restarts.labels(*lv)
+
+    def track_states(self, fn: StateFn) -> None:
+        self._f.states.add(self._labels, fn)
+
+    def untrack_states(self) -> None:
+        self._f.states.remove(self._labels)
+
+    def observe_poll(self, batch: int, wait_s: float) -> None:
+        self.polls.inc()
+        self.batch_size.observe(batch)
+        self.wait.observe(wait_s)
+
+    def remove(self) -> None:
+        """Drop this pool's series (when the pool goes away)."""
+        lv = self._labels
+        self.untrack_states()
+        for fam in (self._f.polls, self._f.batch, self._f.wait, self._f.steps,
+                    self._f.env_restarts, self._f.actor_restarts):
+            fam.remove(*lv)
+        for r in FAILURE_REASONS:
+            self._f.failures.remove(*lv, r)
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> Any:
+    """Serve ``/metrics`` for ``registry`` on a daemon thread; returns the server.
+
+    Binds to loopback unless told otherwise: nothing is exposed by default.
+    ``port=0`` picks a free port (``server.server_port``).
+    """
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    return server

@@ -1,0 +1,65 @@
+# shellcheck shell=bash
+# Shared settings for up.sh / down.sh / status. Sourced, not executed.
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$HERE/versions.env"
+
+CACHE="${ENVPOOL_CLUSTER_CACHE:-$HOME/.cache/envpool-cluster}"
+STATE="${ENVPOOL_CLUSTER_STATE:-$CACHE/state}"
+CLUSTER_NAME="${ENVPOOL_CLUSTER_NAME:-envpool}"
+NODE_COUNT="${ENVPOOL_CLUSTER_NODES:-4}"
+
+KUBE_BIN="$CACHE/kubernetes-$KUBE_VERSION/bin"
+ETCD_BIN="$CACHE/etcd-$ETCD_VERSION/bin"
+KWOK_BIN="$CACHE/kwok-$KWOK_VERSION/bin"
+KUBERAY_DIR="$CACHE/kuberay-$KUBERAY_VERSION"
+HELM_BIN="$CACHE/helm-$HELM_VERSION/bin"
+
+KUBECTL="$KUBE_BIN/kubectl"
+KWOKCTL="$KWOK_BIN/kwokctl"
+KUBECONFIG_PATH="$STATE/kubeconfig"
+OPERATOR_PID="$STATE/ray-operator.pid"
+OPERATOR_LOG="$STATE/ray-operator.log"
+OPERATOR_PORTS="$STATE/ray-operator.ports"
+
+# kwokctl keeps its clusters, pki, pids and logs here (not in ~/.kwok)
+export KWOK_WORKDIR="$STATE/kwok"
+# every binary kwokctl may look for is a local file: nothing is downloaded
+export KWOK_RUNTIME=binary
+export KWOK_KUBE_VERSION="$KUBE_VERSION"
+export KWOK_KUBE_BINARY_PREFIX="$KUBE_BIN"
+export KWOK_KUBE_APISERVER_BINARY="$KUBE_BIN/kube-apiserver"
+export KWOK_KUBE_CONTROLLER_MANAGER_BINARY="$KUBE_BIN/kube-controller-manager"
+export KWOK_KUBE_SCHEDULER_BINARY="$KUBE_BIN/kube-scheduler"
+export KWOK_KUBECTL_BINARY="$KUBECTL"
+export KWOK_ETCD_BINARY="$ETCD_BIN/etcd"
+export KWOK_CONTROLLER_BINARY="$KWOK_BIN/kwok"
+
+T0=${T0:-$(date +%s)}
+log() { printf '[%s %3ss] %s\n' "$(basename "$0" .sh)" "$(( $(date +%s) - T0 ))" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+kc() { "$KUBECTL" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
+
+cluster_exists() {
+  [ -x "$KWOKCTL" ] && "$KWOKCTL" get clusters 2>/dev/null | grep -qx "$CLUSTER_NAME"
+}
+
+operator_running() {
+  [ -f "$OPERATOR_PID" ] && kill -0 "$(cat "$OPERATOR_PID")" 2>/dev/null
+}
+
+operator_ready() {
+  operator_running || return 1
+  local probe
+  probe=$(awk -F= '$1=="probe" {print $2}' "$OPERATOR_PORTS" 2>/dev/null)
+  [ -n "$probe" ] && curl -fsS --max-time 2 "http://127.0.0.1:$probe/readyz" >/dev/null 2>&1
+}
+
+apiserver_ready() {
+  [ -f "$KUBECONFIG_PATH" ] && [ "$(kc --request-timeout=3s get --raw /readyz 2>/dev/null)" = ok ]
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}

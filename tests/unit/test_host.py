@@ -1,0 +1,95 @@
+"""SubEnvHost in-process: autoreset equivalence with SyncVectorEnv and restarts."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+from remote_env.host import SubEnvHost, restart_seed
+
+
+def _fns(n: int) -> list:
+    return [lambda: gym.make("CartPole-v1") for _ in range(n)]
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_host_matches_sync_vector_env(mode: AutoresetMode) -> None:
+    n = 3
+    sync = SyncVectorEnv(_fns(n), autoreset_mode=mode)
+    host = SubEnvHost(_fns(n), autoreset_mode=mode.value)
+    info = host.start()
+    assert info["observation_space"] == sync.single_observation_space
+    sobs, _ = sync.reset(seed=7)
+    batch = host.reset(range(n), [7 + i for i in range(n)], None)
+    np.testing.assert_array_equal(batch.obs, sobs)
+    rng = np.random.default_rng(0)
+    ends = 0
+    for _ in range(300):
+        actions = rng.integers(0, 2, size=n)
+        sobs, srew, sterm, strunc, sinfo = sync.step(actions)
+        b = host.step(range(n), list(actions))
+        np.testing.assert_array_equal(b.obs, sobs)
+        np.testing.assert_array_equal(b.rewards, srew)
+        np.testing.assert_array_equal(b.terminations, sterm)
+        np.testing.assert_array_equal(b.truncations, strunc)
+        ends += int(sterm.sum() + strunc.sum())
+        if mode is AutoresetMode.SAME_STEP:
+            for i in np.flatnonzero(sterm | strunc):
+                np.testing.assert_array_equal(b.infos[i]["final_obs"], sinfo["final_obs"][i])
+    assert ends > 3  # the comparison crossed several autoresets
+
+
+class _FailAt(gym.Wrapper):
+    def __init__(self, env: gym.Env, at: int) -> None:
+        super().__init__(env)
+        self.n = 0
+        self.at = at
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        self.n += 1
+        if self.n == self.at:
+            raise RuntimeError(f"boom at step {self.at}")
+        return self.env.step(action)
+
+
+def test_failed_env_restarts_alone() -> None:
+    fns = [lambda: gym.make("CartPole-v1"), lambda: _FailAt(gym.make("CartPole-v1"), 3)]
+    host = SubEnvHost(fns, restart_failed=True)
+    host.start()
+    ref = SubEnvHost([fns[0]])
+    ref.start()
+    host.reset([0, 1], [1, 2], None)
+    ref.reset([0], [1], None)
+    for step in range(1, 6):
+        b = host.step([0, 1], [1, 1])
+        r = ref.step([0], [1])
+        np.testing.assert_array_equal(b.obs[0], r.obs[0])  # sibling undisturbed
+        if step == 3:
+            assert b.truncations[1] and not b.terminations[1]
+            assert "boom at step 3" in b.infos[1]["error"]
+            [failure] = b.failures
+            assert failure.index == 1 and failure.restarted and failure.reason == "exception"
+            assert "boom" in failure.traceback
+    assert host.restart_counts() == [0, 1]
+
+
+def test_constructor_failing_every_time_is_permanent_after_max_restarts() -> None:
+    calls = []
+
+    def bad() -> gym.Env:
+        calls.append(1)
+        raise ValueError("no simulator licence")
+
+    host = SubEnvHost([bad], restart_failed=True, max_restarts=2)
+    info = host.start()
+    [failure] = info["failures"]
+    assert failure.permanent and "no simulator licence" in failure.message
+    assert len(calls) == 3  # first try + 2 restarts
+
+
+def test_restart_seed_is_deterministic_and_new() -> None:
+    assert restart_seed(5, 1) == restart_seed(5, 1)
+    assert restart_seed(5, 1) != restart_seed(5, 2) != 5
+    assert restart_seed(None, 1) is None

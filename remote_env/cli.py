@@ -58,6 +58,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["operator"]:
+        # The operator owns its flags; imported lazily so remote_env has no
+        # import-time dependency on it (layering: remote_env never imports the operator).
+        import importlib
+
+        op_cli: Any = importlib.import_module("envpool_operator.cli")
+        return int(op_cli.main(argv[1:]))
     parser = argparse.ArgumentParser(prog="envpool")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("run", help="step a local pool on an embedded Ray with random actions")
@@ -68,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-cpus", type=int, default=2)
     p.set_defaults(fn=run)
+    sub.add_parser("operator", help="run the Kubernetes operator (see envpool operator --help)")
     args = parser.parse_args(argv)
     if args.cmd == "run" and (args.num_envs < 1 or args.envs_per_actor < 1):
         parser.error("--num-envs and --envs-per-actor must be >= 1")

@@ -325,6 +325,10 @@ class SubEnvHost:
     def _step_one(self, slot: _Slot, action: Any) -> Any:
         if slot.needs_reset and self._mode is AutoresetMode.NEXT_STEP:
             obs, _, _, _, info, failure = self._reset_one(slot, None, None)
+            if self._multi_agent:
+                agents = multi_agent.agent_ids(obs)
+                flags = {**{a: False for a in agents}, multi_agent.ALL: False}
+                return obs, {a: 0.0 for a in agents}, flags, dict(flags), info, failure
             return obs, 0.0, False, False, info, failure
         try:
             if self._multi_agent:

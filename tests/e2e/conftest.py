@@ -32,9 +32,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -72,7 +73,7 @@ def wait_until(
             last = predicate()
             if last:
                 return last
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:
             last = exc
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
@@ -230,7 +231,7 @@ def kube_cluster() -> Iterator[KubeCluster]:
             ["bash", str(CLUSTER_DIR / "down.sh")], capture_output=True, text=True, timeout=300
         )
         if down.returncode != 0:
-            warnings.warn(f"tests/cluster/down.sh failed ({down.returncode}):\n{down.stderr}\n{down.stdout}")
+            warnings.warn(f"tests/cluster/down.sh failed ({down.returncode}):\n{down.stderr}\n{down.stdout}", stacklevel=2)
 
 
 def _ns_name(node: pytest.Item) -> str:
@@ -256,7 +257,7 @@ def namespace(kube_cluster: KubeCluster, request: pytest.FixtureRequest) -> Iter
         if kube_cluster.kubectl("get", "namespace", name, check=False).returncode != 0:
             return
         time.sleep(0.5)
-    warnings.warn(f"namespace {name} still terminating after 90s")
+    warnings.warn(f"namespace {name} still terminating after 90s", stacklevel=2)
 
 
 # --------------------------------------------------------------------------

@@ -16,11 +16,11 @@ def _run(*cmd: str) -> None:
 
 
 def test_mypy_strict() -> None:
-    _run(str(BIN / "mypy"), "remote_env")
+    _run(str(BIN / "mypy"))
 
 
 def test_ruff() -> None:
-    _run(str(BIN / "ruff"), "check", "remote_env", "tests/unit", "tests/static")
+    _run(str(BIN / "ruff"), "check", "remote_env", "operator", "tests")
 
 
 def test_import_layers() -> None:

@@ -93,3 +93,23 @@ def test_restart_seed_is_deterministic_and_new() -> None:
     assert restart_seed(5, 1) == restart_seed(5, 1)
     assert restart_seed(5, 1) != restart_seed(5, 2) != 5
     assert restart_seed(None, 1) is None
+
+
+def test_multi_agent_pettingzoo_autoreset_next_step() -> None:
+    from remote_env.examples import rps_parallel_env
+
+    host = SubEnvHost([lambda: rps_parallel_env(2)] * 2)
+    info = host.start()
+    assert info["multi_agent"] is True
+    assert set(info["action_space"].spaces) == {"player_0", "player_1"}
+    host.reset([0, 1], [0, 1], None)
+    act = {"player_0": 0, "player_1": 1}  # paper beats rock
+    b1 = host.step([0, 1], [act, act])
+    assert b1.rewards[0] == {"player_0": -1.0, "player_1": 1.0}
+    assert b1.truncations[0]["__all__"] is False
+    b2 = host.step([0, 1], [act, act])
+    assert b2.truncations[1]["__all__"] is True  # max_cycles reached
+    b3 = host.step([0, 1], [act, act])  # NEXT_STEP: this call resets
+    assert b3.rewards[0] == {"player_0": 0.0, "player_1": 0.0}
+    assert b3.obs[0] == {"player_0": 3, "player_1": 3}
+    assert b3.truncations[0]["__all__"] is False

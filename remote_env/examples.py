@@ -1,0 +1,190 @@
+"""Small envs for examples, manifests and fault-injection tests.
+
+Importable by entrypoint (``remote_env.examples:make_slow_cartpole``) from an
+EnvPool's ``spec.env.entrypoint``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from pettingzoo import ParallelEnv
+
+_ROCK, _PAPER, _SCISSORS, _NONE = 0, 1, 2, 3
+
+
+class RockPaperScissors(ParallelEnv):  # type: ignore[misc]
+    """Two-player rock-paper-scissors on the PettingZoo Parallel API.
+
+    PettingZoo's own ``classic.rps_v2`` imports pygame at module load; this one has
+    no extra dependency. Observation: the opponent's last move (3 = none yet).
+    """
+
+    metadata = {"name": "rps_v0", "render_modes": []}
+
+    def __init__(self, max_cycles: int = 100) -> None:
+        self.possible_agents = ["player_0", "player_1"]
+        self.agents: list[str] = []
+        self.max_cycles = max_cycles
+        self._cycle = 0
+
+    def observation_space(self, agent: str) -> gym.spaces.Space[Any]:
+        return gym.spaces.Discrete(4)
+
+    def action_space(self, agent: str) -> gym.spaces.Space[Any]:
+        return gym.spaces.Discrete(3)
+
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, int], dict[str, dict[str, Any]]]:
+        self.agents = list(self.possible_agents)
+        self._cycle = 0
+        return {a: _NONE for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions: dict[str, int]) -> tuple[Any, Any, Any, Any, Any]:
+        a0, a1 = int(actions["player_0"]), int(actions["player_1"])
+        r0 = 0.0 if a0 == a1 else (1.0 if (a0 - a1) % 3 == 1 else -1.0)
+        self._cycle += 1
+        done = self._cycle >= self.max_cycles
+        obs = {"player_0": a1, "player_1": a0}
+        rewards = {"player_0": r0, "player_1": -r0}
+        terms = {a: False for a in self.agents}
+        truncs = {a: done for a in self.agents}
+        infos: dict[str, dict[str, Any]] = {a: {} for a in self.agents}
+        if done:
+            self.agents = []
+        return obs, rewards, terms, truncs, infos
+
+
+def rps_parallel_env(max_cycles: int = 100) -> RockPaperScissors:
+    return RockPaperScissors(max_cycles=max_cycles)
+
+
+class SlowCartPole(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole that waits ``step_delay_ms`` per step, like an I/O-bound simulator.
+
+    ``SLOW_CARTPOLE_JITTER_MS`` (env var, e.g. set through a Ray runtimeEnv) adds
+    uniform jitter so some envs are slower than others.
+    """
+
+    def __init__(self, step_delay_ms: float = 1.0) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self._delay = step_delay_ms / 1000.0
+        self._jitter = float(os.environ.get("SLOW_CARTPOLE_JITTER_MS", "0")) / 1000.0
+        self._rng = np.random.default_rng()
+
+    def step(self, action: Any) -> Any:
+        delay = self._delay + (self._rng.uniform(0, self._jitter) if self._jitter else 0.0)
+        if delay > 0:
+            time.sleep(delay)
+        return self.env.step(action)
+
+
+def make_slow_cartpole(step_delay_ms: float = 1.0) -> SlowCartPole:
+    return SlowCartPole(step_delay_ms)
+
+
+class FaultyEnv(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole that fails on purpose: raises at step N, in reset, or hangs.
+
+    Args:
+        fail_at_step: raise on this step count (1-based) of the env's lifetime.
+        fail_in_reset: raise on this reset count (1-based).
+        hang_at_step: sleep forever on this step count.
+    """
+
+    def __init__(
+        self,
+        fail_at_step: int | None = None,
+        fail_in_reset: int | None = None,
+        hang_at_step: int | None = None,
+    ) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.fail_at_step = fail_at_step
+        self.fail_in_reset = fail_in_reset
+        self.hang_at_step = hang_at_step
+        self.steps = 0
+        self.resets = 0
+
+    def reset(self, **kwargs: Any) -> Any:
+        self.resets += 1
+        if self.resets == self.fail_in_reset:
+            raise RuntimeError(f"injected failure in reset #{self.resets}")
+        return self.env.reset(**kwargs)
+
+    def step(self, action: Any) -> Any:
+        self.steps += 1
+        if self.steps == self.fail_at_step:
+            raise RuntimeError(f"injected failure at step {self.steps}")
+        if self.steps == self.hang_at_step:
+            while True:
+                time.sleep(3600)
+        return self.env.step(action)
+
+
+def make_flaky_cartpole(fail_every: int = 50) -> FlakyCartPole:
+    """CartPole raising every ``fail_every`` steps: a steady source of restarts."""
+    return FlakyCartPole(fail_every)
+
+
+class FlakyCartPole(gym.Wrapper[Any, Any, Any, Any]):
+    def __init__(self, fail_every: int = 50) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.fail_every = fail_every
+        self.steps = 0
+
+    def step(self, action: Any) -> Any:
+        self.steps += 1
+        if self.fail_every > 0 and self.steps % self.fail_every == 0:
+            raise RuntimeError(f"injected failure at step {self.steps}")
+        return self.env.step(action)
+
+
+def broken_env(reason: str = "injected constructor failure") -> gym.Env[Any, Any]:
+    """A make-env callable that always fails (a missing licence, a bad path...)."""
+    raise RuntimeError(reason)
+
+
+class ActorCartPole:
+    """CartPole as a plain class, to run as its own Ray actor (``ray.remote(ActorCartPole)``)."""
+
+    def __init__(self) -> None:
+        self.env = gym.make("CartPole-v1")
+        self.observation_space = self.env.observation_space
+        self.action_space = self.env.action_space
+        self.metadata = self.env.metadata
+        self.render_mode = None
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> Any:
+        return self.env.step(action)
+
+
+class AllDictCounterEnv:
+    """RLlib-style multi-agent env: dicts with ``"__all__"``, episodes of 3 steps."""
+
+    possible_agents = ["a", "b"]
+
+    def __init__(self) -> None:
+        self.observation_spaces = {a: gym.spaces.Discrete(10) for a in self.possible_agents}
+        self.action_spaces = {a: gym.spaces.Discrete(2) for a in self.possible_agents}
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        self.t = 0
+        return {a: 0 for a in self.possible_agents}, {a: {} for a in self.possible_agents}
+
+    def step(self, actions: dict[str, int]) -> Any:
+        self.t += 1
+        obs = {a: self.t for a in actions}
+        rew = {a: float(actions[a]) for a in actions}
+        done = self.t >= 3
+        terms = {**{a: done for a in actions}, "__all__": done}
+        truncs = {**{a: False for a in actions}, "__all__": False}
+        return obs, rew, terms, truncs, {a: {} for a in actions}

@@ -112,6 +112,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             ``scheduling_strategy``, ...).
         address: Ray address to connect to when Ray is not initialized yet; a local
             Ray is started when neither is given.
+        actor_replacer: ``fn(failed_actor, reason) -> actor`` returning a started
+            replacement host for the same envs. Used when someone else owns the actors'
+            restarts (a pool server); by default this env kills and re-creates them.
         registry: Prometheus registry for the pool's metrics (a private one if None).
         pool: the ``pool`` label of the metrics.
 
@@ -140,6 +143,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         on_sub_environment_created: Callable[[Any, int], None] | None = None,
         actor_options: Mapping[str, Any] | None = None,
         address: str | None = None,
+        actor_replacer: Callable[[Any, str], Any] | None = None,
         registry: Any = None,
         pool: str = "default",
         metrics: PoolMetrics | None = None,
@@ -178,6 +182,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self._threads = threads_per_actor
         self._on_created = on_sub_environment_created
         self._actor_options = dict(actor_options or {})
+        self._replacer = actor_replacer
         self.metrics = metrics if metrics is not None else PoolMetrics(registry, pool)
         self._ray = _ensure_ray(address)
 
@@ -691,7 +696,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         host.actor_failures += 1
         first = int(host.env_ids[0])
         what = f"the actor hosting sub-environments {host.env_ids.tolist()}"
-        if host.owned or reason == "timeout":
+        if self._replacer is None and (host.owned or reason == "timeout"):
             try:
                 self._ray.kill(host.handle, no_restart=True)
             except Exception:  # already gone
@@ -708,9 +713,14 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         if self.restart_backoff_s > 0 and host.actor_failures > 1:
             time.sleep(min(self.restart_backoff_s * 2 ** (host.actor_failures - 2), 60.0))
         self._restarts[host.env_ids] += 1
-        host.handle = self._new_host(host.env_ids.tolist(), after_failure=True)
-        host.owned = True
-        host.start_ref = host.handle.start.remote()
+        if self._replacer is not None:
+            host.handle = self._replacer(host.handle, reason)
+            host.owned = False
+            self._created(host)
+        else:
+            host.handle = self._new_host(host.env_ids.tolist(), after_failure=True)
+            host.owned = True
+            host.start_ref = host.handle.start.remote()
         self.metrics.actor_restarts.inc()
         self.metrics.env_restarts.inc(k)
         return self._failed_result(call, reason, message)

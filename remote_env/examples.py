@@ -95,6 +95,8 @@ class FaultyEnv(gym.Wrapper[Any, Any, Any, Any]):
         fail_at_step: raise on this step count (1-based) of the env's lifetime.
         fail_in_reset: raise on this reset count (1-based).
         hang_at_step: sleep forever on this step count.
+        once_file: when given, the fault fires only if this file does not exist yet
+            (and creates it), so a restarted env does not fail again.
     """
 
     def __init__(
@@ -102,25 +104,36 @@ class FaultyEnv(gym.Wrapper[Any, Any, Any, Any]):
         fail_at_step: int | None = None,
         fail_in_reset: int | None = None,
         hang_at_step: int | None = None,
+        once_file: str | None = None,
     ) -> None:
         super().__init__(gym.make("CartPole-v1"))
         self.fail_at_step = fail_at_step
         self.fail_in_reset = fail_in_reset
         self.hang_at_step = hang_at_step
+        self.once_file = once_file
         self.steps = 0
         self.resets = 0
 
+    def _fire(self) -> bool:
+        if self.once_file is None:
+            return True
+        try:
+            with open(self.once_file, "x"):
+                return True
+        except FileExistsError:
+            return False
+
     def reset(self, **kwargs: Any) -> Any:
         self.resets += 1
-        if self.resets == self.fail_in_reset:
+        if self.resets == self.fail_in_reset and self._fire():
             raise RuntimeError(f"injected failure in reset #{self.resets}")
         return self.env.reset(**kwargs)
 
     def step(self, action: Any) -> Any:
         self.steps += 1
-        if self.steps == self.fail_at_step:
+        if self.steps == self.fail_at_step and self._fire():
             raise RuntimeError(f"injected failure at step {self.steps}")
-        if self.steps == self.hang_at_step:
+        if self.steps == self.hang_at_step and self._fire():
             while True:
                 time.sleep(3600)
         return self.env.step(action)

@@ -205,10 +205,11 @@ class SubEnvHost:
                 permanent = (not self._restart) or slot.consecutive_failures > self._max_restarts
                 if permanent:
                     what = "constructor raised" if first else "constructor raised on restart"
+                    tries = "" if not self._restart else f" ({slot.consecutive_failures} tries)"
                     return Failure(
                         slot.index,
                         "exception",
-                        f"{what}: {type(exc).__name__}: {exc}",
+                        f"{what}{tries}: {type(exc).__name__}: {exc}",
                         tb,
                         permanent=True,
                     )
@@ -314,12 +315,15 @@ class SubEnvHost:
         while True:
             try:
                 obs, info = self._do_reset(slot, seed, options)
-                slot.consecutive_failures = 0
+                # consecutive_failures is cleared by a good step, not by a reset: an env
+                # that resets fine but always fails its first step is still a crash loop
+                if failure is not None:
+                    info = {**info, "error": failure.message}
                 return obs, 0.0, False, False, info, failure
             except Exception as exc:
                 failure = self._restart_slot(slot, "exception", exc)
                 if failure.permanent:
-                    return slot.last_obs, 0.0, False, False, {}, failure
+                    return slot.last_obs, 0.0, False, False, {"error": failure.message}, failure
                 seed = None
 
     def _step_one(self, slot: _Slot, action: Any) -> Any:

@@ -146,6 +146,21 @@ class PoolMetrics:
         self.batch_size.observe(batch)
         self.wait.observe(wait_s)
 
+    def totals(self) -> dict[str, float]:
+        """Current counter values of this pool (for progress lines and status)."""
+        names = dict(zip(self._f.labelnames, self._labels, strict=True))
+
+        def get(name: str, **extra: str) -> float:
+            return self.registry.get_sample_value(name, {**names, **extra}) or 0.0
+
+        return {
+            "polls": get("envpool_polls_total"),
+            "steps": get("envpool_env_steps_total"),
+            "failures": sum(get("envpool_env_failures_total", reason=r) for r in FAILURE_REASONS),
+            "env_restarts": get("envpool_env_restarts_total"),
+            "actor_restarts": get("envpool_actor_restarts_total"),
+        }
+
     def remove(self) -> None:
         """Drop this pool's series (when the pool goes away)."""
         lv = self._labels

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from copy import deepcopy
@@ -667,6 +668,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             if not stale:
                 self._check_started(host)
             batch: Batch = self._ray.get(ref)
+            if not batch.is_reset:
+                host.actor_failures = 0  # a good step ends a crash loop
             return batch
         except self._ray.exceptions.RayActorError as exc:
             message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -966,10 +969,10 @@ def _ensure_ray(address: str | None) -> Any:
     import ray
 
     if not ray.is_initialized():
-        if address is not None:
-            ray.init(address=address)
-        else:
-            ray.init(include_dashboard=False)
+        # RAY_ADDRESS (set in Ray pods) wins; else a fresh local Ray, not the cluster that
+        # ray.init() would find through /tmp/ray/ray_current_cluster
+        address = address or os.environ.get("RAY_ADDRESS") or "local"
+        ray.init(address=address, **({"include_dashboard": False} if address == "local" else {}))
     return ray
 
 

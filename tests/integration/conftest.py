@@ -19,7 +19,7 @@ import ray
 def ray_local() -> Iterator[Any]:
     if not ray.is_initialized():
         # the dashboard serves the state API (list_actors) the leak checks use
-        ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=True)
     yield ray
 
 

@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address for /metrics (default loopback: nothing exposed)")
     p.add_argument("--pool", default="local", help="pool label of the metrics")
     p.set_defaults(fn=run)
+    from remote_env import bench
+
+    bench.add_parser(sub)
     sub.add_parser("operator", help="run the Kubernetes operator (envpool operator --help)")
     return parser
 

@@ -201,3 +201,41 @@ class AllDictCounterEnv:
         terms = {**{a: done for a in actions}, "__all__": done}
         truncs = {**{a: False for a in actions}, "__all__": False}
         return obs, rew, terms, truncs, {a: {} for a in actions}
+
+
+class BusyCartPole(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole burning ``cpu_ms`` of CPU per step (a CPU-bound simulator)."""
+
+    def __init__(self, cpu_ms: float = 1.0) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self._cpu_s = cpu_ms / 1000.0
+
+    def step(self, action: Any) -> Any:
+        end = time.thread_time() + self._cpu_s
+        while time.thread_time() < end:
+            pass
+        return self.env.step(action)
+
+
+class ImageEnv(gym.Env[np.ndarray, np.int64]):
+    """Atari-sized observations (84x84x4 uint8) with a cheap step: tests data movement."""
+
+    observation_space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    action_space = gym.spaces.Discrete(4)
+
+    def __init__(self, episode_len: int = 1000) -> None:
+        self._frame = np.zeros((84, 84, 4), np.uint8)
+        self._t = 0
+        self._len = episode_len
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        self._t = 0
+        self._frame[:] = self.np_random.integers(0, 256, size=(84, 84, 4), dtype=np.uint8)
+        return self._frame.copy(), {}
+
+    def step(self, action: Any) -> Any:
+        self._t += 1
+        # cheap, deterministic change so frames differ step to step
+        self._frame = np.roll(self._frame, int(action) + 1, axis=1)
+        return self._frame.copy(), 1.0, False, self._t >= self._len, {}

@@ -104,17 +104,17 @@ def run_gymnasium(fn: Callable[[], Any], n: int, seconds: float, cls: str) -> fl
 def run_rllib(fn: Callable[[], Any], n: int, seconds: float) -> float:
     from ray.rllib.env.remote_base_env import RemoteBaseEnv
 
-    env = RemoteBaseEnv(lambda _idx: fn(), num_envs=n, multiagent=False,
-                        remote_env_batch_wait_ms=0)
+    env: Any = RemoteBaseEnv(lambda _idx: fn(), num_envs=n, multiagent=False,
+                             remote_env_batch_wait_ms=0)
     try:
         space = fn().action_space
         space.seed(0)
         pool = [space.sample() for _ in range(256)]
         # warm-up: until every env has answered once (its actors are up)
-        seen: set[int] = set()
+        seen: set[Any] = set()
         deadline = time.monotonic() + 120
         while len(seen) < n and time.monotonic() < deadline:
-            obs = env.poll()[0]
+            obs: Any = env.poll()[0]
             seen |= set(obs)
             env.send_actions({e: {a: pool[0] for a in ag} for e, ag in obs.items()})
         steps, i = 0, 0
@@ -123,7 +123,7 @@ def run_rllib(fn: Callable[[], Any], n: int, seconds: float) -> float:
             obs = env.poll()[0]
             i += 1
             steps += len(obs)
-            env.send_actions({e: {a: pool[(i + e) % 256] for a in ag} for e, ag in obs.items()})
+            env.send_actions({e: {a: pool[(i + int(e)) % 256] for a in ag} for e, ag in obs.items()})
         return steps / (time.perf_counter() - t0)
     finally:
         env.stop()

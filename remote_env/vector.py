@@ -972,7 +972,10 @@ def _ensure_ray(address: str | None) -> Any:
         # RAY_ADDRESS (set in Ray pods) wins; else a fresh local Ray, not the cluster that
         # ray.init() would find through /tmp/ray/ray_current_cluster
         address = address or os.environ.get("RAY_ADDRESS") or "local"
-        ray.init(address=address, **({"include_dashboard": False} if address == "local" else {}))
+        if address == "local":
+            ray.init(address="local", include_dashboard=False)
+        else:
+            ray.init(address=address)
     return ray
 
 

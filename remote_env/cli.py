@@ -18,7 +18,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from remote_env import errors
+from remote_env import errors, serve_cli
 
 
 def load_entrypoint(spec: str) -> Any:
@@ -54,6 +54,8 @@ def _kv(text: str) -> tuple[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.file:
+        return run_pool_file(args)
     import ray
 
     from remote_env.metrics import PoolMetrics, serve_metrics
@@ -92,6 +94,47 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if envs is not None:
             envs.close()
+        ray.shutdown()
+
+
+def run_pool_file(args: argparse.Namespace) -> int:
+    """``envpool run -f pool.yaml``: embedded Ray + the pool server + a random trainer."""
+    import ray
+
+    from remote_env import pool_spec
+    from remote_env.attach import attach
+    from remote_env.metrics import PoolMetrics
+    from remote_env.pool_server import PoolServer
+
+    spec = pool_spec.load(args.file)
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False)
+    server: PoolServer | None = None
+    envs: Any = None
+    stop = {"now": False}
+    try:
+        port = args.metrics_port if args.metrics_port is not None else spec.metrics_port
+        server = PoolServer(spec, http_host=args.metrics_addr, http_port=port)
+        server.start_background()
+        t0 = time.monotonic()
+        print(f"pool {spec.name}: starting {spec.desired_envs} envs; "
+              f"status {server.url}/status, metrics {server.url}/metrics", file=sys.stderr)
+        server.wait_ready(timeout=600)
+        print(f"pool {spec.name}: {spec.desired_envs} envs ready in "
+              f"{time.monotonic() - t0:.1f}s", file=sys.stderr)
+        # the trainer gets its own registry: the server already counts pool-side events
+        envs = attach(spec.name, metrics=PoolMetrics(pool=spec.name))
+        return _drive(envs, args, stop)
+    except KeyboardInterrupt:
+        print("\ninterrupted: closing the pool", file=sys.stderr)
+        return 130
+    except errors.SubEnvironmentError as exc:
+        print(f"\nenvpool run: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if envs is not None:
+            envs.close()
+        if server is not None:
+            server.close(destroy=True)
         ray.shutdown()
 
 
@@ -149,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
         "and a random-action driver (dynamic batching), with progress and /metrics.",
     )
     what = p.add_mutually_exclusive_group()
+    what.add_argument("-f", "--file", metavar="POOL_YAML",
+                      help="an EnvPool manifest: run its pool server and a random trainer")
     what.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default %(default)s)")
     what.add_argument("--entrypoint", help="make-env callable 'package.module:callable'")
     p.add_argument("--env-kwarg", dest="env_kwargs", type=_kv, action="append", default=[],
@@ -169,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address for /metrics (default loopback: nothing exposed)")
     p.add_argument("--pool", default="local", help="pool label of the metrics")
     p.set_defaults(fn=run)
+    serve_cli.add_serve_parser(sub)
     from remote_env import bench
 
     bench.add_parser(sub)
@@ -192,8 +238,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.seconds <= 0:
             parser.error(f"--seconds must be > 0, got {args.seconds}")
         try:
-            _env_fn(args)
-        except (ValueError, gym.error.Error) as exc:
+            if args.file:
+                from remote_env import pool_spec
+
+                pool_spec.load(args.file)
+            else:
+                _env_fn(args)
+        except (ValueError, OSError, gym.error.Error) as exc:
             parser.error(str(exc))
     return int(args.fn(args))
 

@@ -236,6 +236,17 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         """The Ray actor class hosting sub-envs (for ``existing_actors``)."""
         return _remote_host()
 
+    @staticmethod
+    def from_pool(name: str, **kwargs: Any) -> RemoteVectorEnv:
+        """Attach to the running pool ``name`` (see :func:`remote_env.attach.attach`).
+
+        Example:
+            >>> envs = RemoteVectorEnv.from_pool("cartpole", num_envs=16)  # doctest: +SKIP
+        """
+        from remote_env.attach import attach
+
+        return attach(name, **kwargs)
+
     def _new_host(self, env_ids: Sequence[int], *, after_failure: bool) -> Any:
         kwargs: dict[str, Any] = {
             "autoreset_mode": self.autoreset_mode.value,

@@ -1,0 +1,318 @@
+"""Attach a trainer to a running pool: lease warm env actors, step them directly.
+
+``attach("cartpole")`` finds the pool's registry in Ray namespace
+``envpool-cartpole``, leases whole env actors (two trainers never share one),
+and returns a :class:`PoolVectorEnv`: a :class:`~remote_env.vector.RemoteVectorEnv`
+over the leased actors (same API, same metrics, no extra hop: trainers call the
+actors through Ray). A heartbeat thread renews the lease; ``close()`` releases it;
+a trainer that dies stops renewing and its lease expires after
+``lease_timeout_s``. When an actor dies or hangs, the trainer asks the pool
+server for the replacement rather than creating one (one owner of restarts).
+
+Example:
+    >>> envs = attach("cartpole", address="ray://head:10001", num_envs=16)
+    >>> obs, info = envs.reset(seed=0)
+    >>> obs, rew, term, trunc, info = envs.step(envs.action_space.sample())
+    >>> envs.close()   # the actors stay warm for the next trainer
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+from remote_env import errors, pool_registry
+from remote_env.pool_spec import EnvFactory, ray_namespace
+from remote_env.vector import RemoteVectorEnv
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LEASE_TIMEOUT_S: Final = 60.0
+#: RemoteVectorEnv arguments the pool decides: its actors already exist.
+_POOL_OWNED: Final = ("env_fns", "existing_actors", "actor_replacer", "envs_per_actor",
+                      "threads_per_actor", "actor_options", "on_sub_environment_created")
+
+
+class PoolNotFoundError(RuntimeError):
+    """No pool of that name runs on the Ray cluster."""
+
+
+class LeaseLostError(RuntimeError):
+    """This trainer's lease expired and another trainer took (some of) its envs."""
+
+
+class _LeaseKeeper:
+    """Renews a lease on a daemon thread. Holds no reference to the env (GC)."""
+
+    def __init__(self, registry: Any, lease_id: str, trainer: str, slots: Sequence[int],
+                 ttl_s: float) -> None:
+        self.registry = registry
+        self.lease_id = lease_id
+        self.trainer = trainer
+        self.slots = list(slots)
+        self.ttl_s = ttl_s
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{lease_id[:8]}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import ray
+
+        # Three chances per ttl: one slow call does not lose the lease.
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                ok = ray.get(self.registry.renew.remote(self.lease_id, self.trainer, self.slots,
+                                                        self.ttl_s), timeout=self.ttl_s / 3)
+            except Exception as exc:  # registry unreachable for now: try again next beat
+                log.warning("lease %s: renew failed: %s", self.lease_id[:8], exc)
+                continue
+            if not ok:
+                self.lost = True
+                log.error("lease %s: lost: another trainer holds some of its envs now",
+                          self.lease_id[:8])
+                return
+
+    def check(self) -> None:
+        if self.lost:
+            raise LeaseLostError(
+                f"the lease on slots {self.slots} expired (no heartbeat for {self.ttl_s}s) and "
+                "another trainer leased some of them; attach again"
+            )
+
+    def release(self) -> None:
+        import ray
+
+        self._stop.set()
+        if not ray.is_initialized():
+            return
+        try:
+            ray.get(self.registry.release.remote(self.lease_id), timeout=10)
+        except Exception as exc:  # it expires on its own anyway
+            log.warning("lease %s: release failed (%s); it expires in %ss", self.lease_id[:8],
+                        exc, self.ttl_s)
+
+
+class _PoolReplacer:
+    """``actor_replacer`` for RemoteVectorEnv: the pool server replaces, we wait."""
+
+    def __init__(self, registry: Any, namespace: str, slot_of: dict[str, int],
+                 first_env: dict[int, int], timeout_s: float) -> None:
+        self.registry = registry
+        self.namespace = namespace
+        self.slot_of = slot_of
+        self.first_env = first_env
+        self.timeout_s = timeout_s
+
+    def __call__(self, failed: Any, reason: str) -> Any:
+        import ray
+
+        actor_id = failed._actor_id.hex()
+        slot = self.slot_of[actor_id]
+        env = self.first_env[slot]
+        deadline = time.monotonic() + self.timeout_s
+        self._registry_call(deadline, "request_replace", slot, actor_id, reason)
+        while True:
+            left = deadline - time.monotonic()
+            res = self._registry_call(deadline, "wait_for_replacement", slot, actor_id,
+                                      max(0.0, min(left, 10.0)))
+            if "slot" in res:
+                info: pool_registry.SlotInfo = res["slot"]
+                handle = ray.get_actor(info.actor_name, namespace=self.namespace)
+                self.slot_of[info.actor_id] = slot
+                return handle
+            if "removed" in res:
+                raise errors.SubEnvironmentFailedError(
+                    env, f"the pool scaled away the actor hosting it ({reason} reported); "
+                    "attach again for new envs")
+            if "failed" in res:
+                raise errors.SubEnvironmentFailedError(
+                    env, f"the pool server gave up on its actor: {res['failed'].last_error}")
+            if time.monotonic() >= deadline:
+                seen = res.get("server_seen_s_ago")
+                hint = ("the pool server has never synced" if seen is None
+                        else f"the pool server last synced {seen:.0f}s ago")
+                raise errors.SubEnvironmentFailedError(
+                    env, f"its actor failed ({reason}) and the pool server did not replace it "
+                    f"within {self.timeout_s:.0f}s ({hint}; is `envpool serve` running?)")
+
+    def _registry_call(self, deadline: float, method: str, *args: Any) -> Any:
+        """Call the registry, riding out its restart (Ray brings it back, empty)."""
+        import ray
+
+        while True:
+            try:
+                return ray.get(getattr(self.registry, method).remote(*args))
+            except ray.exceptions.RayActorError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+
+class PoolVectorEnv(RemoteVectorEnv):
+    """A :class:`RemoteVectorEnv` over leased pool actors; ``close()`` releases them."""
+
+    pool: str
+    lease_id: str
+    slots: list[int]
+
+    def _attach_lease(self, pool: str, keeper: _LeaseKeeper) -> None:
+        self.pool = pool
+        self._lease = keeper
+        self.lease_id = keeper.lease_id
+        self.slots = list(keeper.slots)
+
+    @property
+    def lease_lost(self) -> bool:
+        """The lease expired and another trainer took some of its envs: stop using them."""
+        return self._lease.lost
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        self._lease.check()
+        return super().reset(**kwargs)
+
+    def async_reset(self, **kwargs: Any) -> None:
+        self._lease.check()
+        super().async_reset(**kwargs)
+
+    def step_async(self, actions: Any) -> None:
+        self._lease.check()
+        super().step_async(actions)
+
+    def send(self, actions: Any, env_ids: Any = None) -> None:
+        self._lease.check()
+        super().send(actions, env_ids)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        super().close_extras(**kwargs)
+        lease = getattr(self, "_lease", None)
+        if lease is not None:
+            lease.release()
+
+    def __repr__(self) -> str:
+        return (f"PoolVectorEnv(pool={getattr(self, 'pool', '?')!r}, num_envs={self.num_envs}, "
+                f"actors={len(self.actors)})")
+
+
+def attach(
+    name: str,
+    *,
+    address: str | None = None,
+    num_envs: int | None = None,
+    namespace: str | None = None,
+    lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
+    wait_s: float = 0.0,
+    replace_timeout_s: float = 300.0,
+    trainer: str | None = None,
+    **kwargs: Any,
+) -> PoolVectorEnv:
+    """Lease envs of the running pool ``name`` and return a vector env over them.
+
+    Args:
+        name: the pool (the EnvPool's ``metadata.name``).
+        address: Ray address when Ray is not initialized yet: ``"ray://host:10001"``
+            (Ray client), ``"host:6379"`` or ``"auto"``; default ``$RAY_ADDRESS``, else
+            ``"auto"`` (the local Ray / in-cluster head).
+        num_envs: envs to lease (whole actors: a sum of their sizes); None leases all
+            free ones.
+        namespace: Ray namespace of the pool (default ``envpool-<name>``).
+        lease_timeout_s: the lease expires this long after the last heartbeat (a
+            dead trainer's envs return to the pool after it).
+        wait_s: wait up to this long for enough free envs (others' leases ending,
+            the pool starting); 0 fails at once.
+        replace_timeout_s: how long a step waits for the pool server to replace a
+            failed actor before raising.
+        trainer: a name for this trainer in the pool's ``/status`` (default host:pid).
+        **kwargs: :class:`RemoteVectorEnv` options (``batch_wait_ms``, ``copy``,
+            ``step_timeout_s``, ``registry``, ...). Defaults come from the pool spec;
+            ``autoreset_mode`` must match the pool's.
+
+    Raises:
+        PoolNotFoundError: no pool ``name`` on this Ray cluster.
+        pool_registry.LeaseError: not enough free envs within ``wait_s``.
+    """
+    import ray
+
+    for key in _POOL_OWNED:
+        if key in kwargs:
+            raise TypeError(f"attach() does not take {key!r}: the pool's actors are used as-is")
+    if lease_timeout_s <= 0:
+        raise ValueError(f"lease_timeout_s must be > 0, got {lease_timeout_s}")
+    if not ray.is_initialized():
+        # log_to_driver=False made every actor call ~7x slower here (Ray 2.60)
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto")
+    ns = namespace or ray_namespace(name)
+    try:
+        registry = pool_registry.get_registry(ns)
+    except ValueError:
+        raise PoolNotFoundError(
+            f"no pool {name!r} on this Ray cluster (no actor {pool_registry.REGISTRY_NAME!r} in "
+            f"Ray namespace {ns!r}): is `envpool serve` running for it?"
+        ) from None
+    who = trainer or f"{socket.gethostname()}:{os.getpid()}"
+    lease = _acquire(registry, who, num_envs, lease_timeout_s, wait_s)
+    keeper = _LeaseKeeper(registry, lease["lease_id"], who,
+                          [s.slot for s in lease["slots"]], lease_timeout_s)
+    try:
+        return _build(name, ns, registry, lease, keeper, replace_timeout_s, kwargs)
+    except BaseException:
+        keeper.release()
+        raise
+
+
+def _acquire(registry: Any, who: str, num_envs: int | None, ttl_s: float,
+             wait_s: float) -> dict[str, Any]:
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            lease: dict[str, Any] = ray.get(registry.acquire.remote(who, num_envs, ttl_s))
+            return lease
+        except pool_registry.LeaseError:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+
+def _build(name: str, ns: str, registry: Any, lease: dict[str, Any], keeper: _LeaseKeeper,
+           replace_timeout_s: float, kwargs: dict[str, Any]) -> PoolVectorEnv:
+    import ray
+
+    info = lease["pool_info"]
+    slots: list[pool_registry.SlotInfo] = lease["slots"]
+    mode = info.get("autoreset_mode", "NextStep")
+    asked = kwargs.pop("autoreset_mode", mode)
+    if str(getattr(asked, "value", asked)) != mode:
+        raise ValueError(f"pool {name!r} runs autoreset_mode={mode} (its actors autoreset); "
+                         f"got autoreset_mode={asked!r}")
+    handles = [ray.get_actor(s.actor_name, namespace=ns) for s in slots]
+    first_env: dict[int, int] = {}
+    n = 0
+    for s in slots:
+        first_env[s.slot] = n
+        n += s.num_envs
+    replacer = _PoolReplacer(registry, ns, {s.actor_id: s.slot for s in slots}, first_env,
+                             replace_timeout_s)
+    env = info.get("env", {})
+    factory = EnvFactory(env.get("id"), env.get("entrypoint"), dict(env.get("kwargs") or {}))
+    options: dict[str, Any] = {
+        "batch_wait_ms": info.get("batch_wait_ms", 2),
+        "restart_failed_sub_environments": info.get("restart_failed_envs", True),
+        "step_timeout_s": info.get("step_timeout_s"),
+        "max_restarts": info.get("max_restarts", 10),
+        # the pool server backs off between restarts; no second backoff here
+        "restart_backoff_s": 0.0,
+        "pool": name,
+        **kwargs,
+    }
+    envs = PoolVectorEnv([factory] * n, existing_actors=handles, actor_replacer=replacer,
+                         autoreset_mode=mode, **options)
+    envs._attach_lease(name, keeper)
+    return envs

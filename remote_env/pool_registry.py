@@ -1,0 +1,320 @@
+"""The pool's registry: which env actors exist and which trainer leases which.
+
+One named, detached actor per pool (:data:`REGISTRY_NAME` in the pool's Ray
+namespace), so it outlives both trainers and the pool server: a restarted pool
+server finds its layout and leases here, a trainer finds the actors here.
+
+* The pool server publishes the layout (slot -> actor name, envs, state) and
+  picks up replacement requests with one long-poll per supervision tick
+  (:meth:`PoolRegistry.server_sync`).
+* Trainers :meth:`~PoolRegistry.acquire` a lease on whole actors (one Ray call
+  steps all envs of an actor, so an actor is the unit two trainers must not
+  share), :meth:`~PoolRegistry.renew` it on a heartbeat and
+  :meth:`~PoolRegistry.release` it on close. A lease not renewed within its
+  ``ttl_s`` expires and its actors return to the pool.
+* A trainer whose actor died asks for a replacement
+  (:meth:`~PoolRegistry.request_replace`) and waits for the pool server to
+  publish it (:meth:`~PoolRegistry.wait_for_replacement`): the pool server is
+  the one owner of restarts.
+
+A plain class (threaded Ray actor: the long-polls block a thread each), so it is
+unit-tested in-process with a fake clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal
+
+REGISTRY_NAME: Final = "envpool-registry"
+#: Threads of the registry actor: long-polls (pool server, trainers waiting for a
+#: replacement) each hold one while they wait.
+REGISTRY_CONCURRENCY: Final = 64
+
+SlotState = Literal["starting", "ready", "backoff", "failed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotInfo:
+    """One env actor of the pool, as the pool server last published it."""
+
+    slot: int
+    actor_name: str
+    actor_id: str  # hex; changes when the actor is replaced
+    num_envs: int
+    state: SlotState
+    restarts: int = 0
+    node_id: str = ""
+    last_error: str = ""
+
+
+@dataclasses.dataclass
+class _Lease:
+    lease_id: str
+    trainer: str
+    slots: list[int]
+    ttl_s: float
+    expires: float
+    acquired: float
+
+
+class LeaseError(RuntimeError):
+    """No lease could be granted (too few free envs, or a bad request)."""
+
+
+class PoolRegistry:
+    """Layout and leases of one pool. Thread-safe; every method is one Ray call."""
+
+    def __init__(self, pool: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._pool = pool
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._slots: dict[int, SlotInfo] = {}
+        self._pool_info: dict[str, Any] = {}
+        self._leases: dict[str, _Lease] = {}
+        self._requests: dict[int, tuple[str, str]] = {}  # slot -> (actor_id, reason)
+        self._server_seen: float | None = None
+        self._generation = 0  # bumped on every layout change
+        self._lease_version = 0  # bumped when leases change: wakes the pool server's sync
+
+    # ------------------------------------------------------------ pool server
+    def server_sync(
+        self,
+        slots: Sequence[SlotInfo] | None,
+        pool_info: dict[str, Any] | None,
+        timeout: float,
+    ) -> dict[str, Any]:
+        """Publish the layout (when given), then wait up to ``timeout`` for requests.
+
+        Returns the pending replacement requests (taken), the leased slots and a
+        summary of the leases.
+        """
+        with self._cond:
+            self._server_seen = self._clock()
+            if slots is not None:
+                self._slots = {s.slot: s for s in slots}
+                self._generation += 1
+                for slot in list(self._requests):
+                    if slot not in self._slots:
+                        del self._requests[slot]
+                self._cond.notify_all()
+            if pool_info is not None:
+                self._pool_info = dict(pool_info)
+            version = self._lease_version
+            if not self._requests and timeout > 0:
+                self._cond.wait_for(
+                    lambda: bool(self._requests) or self._lease_version != version, timeout)
+            requests = [(slot, aid, reason) for slot, (aid, reason) in self._requests.items()]
+            self._requests.clear()
+            self._expire()
+            return {"requests": requests, "generation": self._generation,
+                    **self._lease_summary()}
+
+    def layout(self) -> dict[str, Any]:
+        """Everything a (re)starting pool server or a status page needs."""
+        with self._cond:
+            self._expire()
+            seen = None if self._server_seen is None else self._clock() - self._server_seen
+            return {
+                "pool": self._pool,
+                "slots": sorted(self._slots.values(), key=lambda s: s.slot),
+                "pool_info": dict(self._pool_info),
+                "server_seen_s_ago": seen,
+                **self._lease_summary(),
+            }
+
+    # --------------------------------------------------------------- trainers
+    def acquire(self, trainer: str, num_envs: int | None, ttl_s: float) -> dict[str, Any]:
+        """Lease free, ready actors holding exactly ``num_envs`` envs (all free ones if None).
+
+        Returns ``{"lease_id", "slots": [SlotInfo], "pool_info"}``.
+
+        Raises:
+            LeaseError: not enough free envs, or no subset of free actors adds up
+                to ``num_envs`` (actors are leased whole).
+        """
+        if ttl_s <= 0:
+            raise LeaseError(f"ttl_s must be > 0, got {ttl_s}")
+        if num_envs is not None and num_envs < 1:
+            raise LeaseError(f"num_envs must be >= 1 or None (all free envs), got {num_envs}")
+        with self._cond:
+            self._expire()
+            leased = self._leased_slots()
+            free = sorted(
+                (s for s in self._slots.values() if s.state == "ready" and s.slot not in leased),
+                key=lambda s: (-s.num_envs, s.slot),
+            )
+            picked = free if num_envs is None else _pick(free, num_envs)
+            if not picked:
+                raise LeaseError(self._why_not(num_envs, leased))
+            chosen = list(picked)
+            chosen.sort(key=lambda s: s.slot)
+            now = self._clock()
+            lease = _Lease(uuid.uuid4().hex, trainer, [s.slot for s in chosen], ttl_s,
+                           now + ttl_s, now)
+            self._leases[lease.lease_id] = lease
+            self._leases_changed()
+            return {"lease_id": lease.lease_id, "slots": chosen, "pool_info": dict(self._pool_info)}
+
+    def renew(self, lease_id: str, trainer: str, slots: Sequence[int], ttl_s: float) -> bool:
+        """Extend a lease by ``ttl_s``.
+
+        A lease that expired (or that a restarted registry forgot) is granted again
+        when nobody took its actors meanwhile; False means the actors are gone or
+        someone else's now.
+        """
+        with self._cond:
+            now = self._clock()
+            lease = self._leases.get(lease_id)
+            if lease is None:
+                self._expire()
+                taken = self._leased_slots()
+                # generation 0: a restarted registry still waiting for the layout
+                if any(s in taken or (self._generation and s not in self._slots)
+                       for s in slots):
+                    return False
+                lease = _Lease(lease_id, trainer, list(slots), ttl_s, now, now)
+                self._leases[lease_id] = lease
+                self._leases_changed()
+            lease.ttl_s = ttl_s
+            lease.expires = now + ttl_s
+            return True
+
+    def release(self, lease_id: str) -> bool:
+        with self._cond:
+            found = self._leases.pop(lease_id, None) is not None
+            if found:
+                self._leases_changed()
+            return found
+
+    def request_replace(self, slot: int, actor_id: str, reason: str) -> bool:
+        """Ask the pool server to replace ``slot``'s actor ``actor_id`` (dead or hung).
+
+        Returns False when that actor is no longer the slot's (already replaced or
+        removed): the caller can pick up the current one right away.
+        """
+        with self._cond:
+            current = self._slots.get(slot)
+            if self._generation and (current is None or current.actor_id != actor_id):
+                return False
+            self._requests[slot] = (actor_id, reason)
+            self._cond.notify_all()
+            return True
+
+    def wait_for_replacement(self, slot: int, old_actor_id: str, timeout: float) -> dict[str, Any]:
+        """Wait until ``slot`` holds a ready actor other than ``old_actor_id``.
+
+        Returns ``{"slot": SlotInfo}`` when it does, ``{"removed": True}`` when the
+        slot was scaled away, ``{"failed": SlotInfo}`` when it is out of restarts,
+        ``{"timeout": True, "server_seen_s_ago": ...}`` otherwise.
+        """
+        def settled() -> bool:
+            cur = self._slots.get(slot)
+            if cur is None:
+                return self._generation > 0  # else: no layout yet (a restarted registry)
+            return cur.state == "failed" or (cur.actor_id != old_actor_id and cur.state == "ready")
+
+        with self._cond:
+            self._cond.wait_for(settled, timeout)
+            cur = self._slots.get(slot)
+            if cur is None and self._generation > 0:
+                return {"removed": True}
+            if cur is not None and cur.state == "failed":
+                return {"failed": cur}
+            if cur is not None and cur.actor_id != old_actor_id and cur.state == "ready":
+                return {"slot": cur}
+            seen = None if self._server_seen is None else self._clock() - self._server_seen
+            return {"timeout": True, "server_seen_s_ago": seen}
+
+    def ping(self) -> str:
+        return self._pool
+
+    # -------------------------------------------------------------- internals
+    def _leases_changed(self) -> None:
+        self._lease_version += 1
+        self._cond.notify_all()
+
+    def _leased_slots(self) -> dict[int, str]:
+        return {s: lease.lease_id for lease in self._leases.values() for s in lease.slots}
+
+    def _expire(self) -> None:
+        now = self._clock()
+        for lease_id, lease in list(self._leases.items()):
+            if lease.expires < now:
+                del self._leases[lease_id]
+                self._lease_version += 1
+
+    def _lease_summary(self) -> dict[str, Any]:
+        now = self._clock()
+        leases = [
+            {
+                "lease_id": lease.lease_id,
+                "trainer": lease.trainer,
+                "slots": list(lease.slots),
+                "envs": sum(self._slots[s].num_envs for s in lease.slots if s in self._slots),
+                "expires_in_s": round(lease.expires - now, 3),
+                "age_s": round(now - lease.acquired, 3),
+            }
+            for lease in self._leases.values()
+        ]
+        return {"leases": leases, "leased_slots": self._leased_slots()}
+
+    def _why_not(self, num_envs: int | None, leased: dict[int, str]) -> str:
+        states: dict[str, int] = {}
+        for s in self._slots.values():
+            key = "leased" if s.slot in leased else s.state
+            states[key] = states.get(key, 0) + s.num_envs
+        free_sizes = sorted(
+            (s.num_envs for s in self._slots.values()
+             if s.state == "ready" and s.slot not in leased),
+            reverse=True,
+        )
+        have = sum(free_sizes)
+        summary = ", ".join(f"{n} {k}" for k, n in sorted(states.items())) or "no envs yet"
+        want = "any envs" if num_envs is None else f"num_envs={num_envs}"
+        hint = ""
+        if num_envs is not None and have >= num_envs:
+            hint = (f"; actors are leased whole and the free ones hold {free_sizes} envs: ask "
+                    "for a sum of those")
+        return f"pool {self._pool!r} cannot lease {want}: {have} free ({summary}){hint}"
+
+
+def _pick(free: Sequence[SlotInfo], target: int) -> list[SlotInfo] | None:
+    """Actors whose envs add up to ``target``: largest first, then an exact fit."""
+    chosen: list[SlotInfo] = []
+    left = target
+    for s in free:  # sorted largest first
+        if s.num_envs <= left:
+            chosen.append(s)
+            left -= s.num_envs
+        if left == 0:
+            return chosen
+    return None
+
+
+_REGISTRY_CLS: Any = None
+
+
+def remote_class() -> Any:
+    """``ray.remote(PoolRegistry)`` as a threaded actor (created once per process)."""
+    global _REGISTRY_CLS
+    if _REGISTRY_CLS is None:
+        import ray
+
+        _REGISTRY_CLS = ray.remote(PoolRegistry)
+    return _REGISTRY_CLS
+
+
+def get_registry(namespace: str) -> Any:
+    """The registry actor of the pool in Ray namespace ``namespace``.
+
+    Raises:
+        ValueError: no such actor (Ray's own error type for a missing named actor).
+    """
+    import ray
+
+    return ray.get_actor(REGISTRY_NAME, namespace=namespace)

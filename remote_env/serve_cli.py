@@ -1,0 +1,199 @@
+"""``envpool serve --config pool.yaml``: run the pool server for one EnvPool.
+
+In-cluster it is the head pod's sidecar: the operator mounts the pool's EnvPool
+document at ``/etc/envpool/pool.yaml`` and sets ``RAY_ADDRESS``,
+``ENVPOOL_POOL_NAMESPACE`` and ``ENVPOOL_POOL_NAME``; the server then reports to
+its EnvPool's ``status.pool`` and serves HTTP on all interfaces (the readiness
+probe and Prometheus reach it through the pod IP). Elsewhere it binds loopback.
+
+The config file is re-read when it changes (a ConfigMap update, or SIGHUP), so
+``kubectl scale envpool/x --replicas=N`` resizes the running pool. SIGTERM and
+Ctrl-C stop the server and leave the env actors running for the next one, unless
+``--destroy-on-exit``.
+
+Wiring (``remote_env/cli.py``)::
+
+    from remote_env import serve_cli
+    serve_cli.add_serve_parser(sub)   # sets fn=serve_cli.serve
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from remote_env import pool_spec
+
+log = logging.getLogger("remote_env.serve")
+
+#: Seconds between checks of the config file for changes.
+CONFIG_POLL_S = 2.0
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``serve`` subcommand to an ``argparse`` subparsers object."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="run the pool server of one EnvPool on a running Ray cluster",
+        description="Create, supervise and scale one EnvPool's env actors (named, detached, "
+        "in Ray namespace envpool-<name>) on a running Ray cluster; serve /metrics, /healthz "
+        "and /status; in-cluster, report to the EnvPool's status.pool.",
+    )
+    p.add_argument("--config", "-f", default=os.environ.get("ENVPOOL_CONFIG"),
+                   help="EnvPool YAML (the operator's ConfigMap key pool.yaml); "
+                        "default $ENVPOOL_CONFIG")
+    p.add_argument("--address", default=None,
+                   help="Ray address (default $RAY_ADDRESS, else 'auto': the local Ray head)")
+    p.add_argument("--ray-namespace", default=None,
+                   help="Ray namespace of the pool's actors (default envpool-<name>)")
+    p.add_argument("--http-addr", default=None,
+                   help="address for /metrics, /healthz, /status (default 0.0.0.0 in a "
+                        "Kubernetes pod, else 127.0.0.1; $ENVPOOL_HTTP_ADDR)")
+    p.add_argument("--http-port", type=int, default=None,
+                   help="port (default spec.metrics.port; 0 = any free port)")
+    p.add_argument("--health-interval", type=float, default=1.0, metavar="SECONDS",
+                   help="how often actors are pinged (default %(default)s)")
+    p.add_argument("--destroy-on-exit", action="store_true",
+                   help="kill the pool's actors when the server stops (default: keep them "
+                        "for the next pool server)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.set_defaults(fn=serve)
+    return p
+
+
+def _http_addr(args: argparse.Namespace) -> str:
+    if args.http_addr:
+        return str(args.http_addr)
+    if os.environ.get("ENVPOOL_HTTP_ADDR"):
+        return os.environ["ENVPOOL_HTTP_ADDR"]
+    return "0.0.0.0" if os.environ.get("KUBERNETES_SERVICE_HOST") else "127.0.0.1"
+
+
+class _ConfigWatcher:
+    """Re-reads the config file when its content changes (ConfigMaps swap a symlink)."""
+
+    def __init__(self, path: str, name: str) -> None:
+        self.path = path
+        self.name = name
+        self._text = self._read()
+        self._checked = time.monotonic()
+        self.reload_now = threading.Event()
+
+    def _read(self) -> str | None:
+        try:
+            return Path(self.path).read_text()
+        except OSError:
+            return None
+
+    def poll(self) -> pool_spec.PoolSpec | None:
+        """The new spec if the file changed since the last poll, else None.
+
+        Raises:
+            pool_spec.PoolSpecError: the changed file is invalid.
+        """
+        if not self.reload_now.is_set() and time.monotonic() - self._checked < CONFIG_POLL_S:
+            return None
+        self.reload_now.clear()
+        self._checked = time.monotonic()
+        text = self._read()
+        if text is None or text == self._text:
+            return None
+        self._text = text
+        return pool_spec.load(self.path)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the pool server until SIGTERM/SIGINT; returns the exit code."""
+    import ray
+
+    from remote_env.pool_server import PoolServer
+    from remote_env.pool_status import KubeStatusReporter
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.config:
+        print("envpool serve: --config is required (or set ENVPOOL_CONFIG)", file=sys.stderr)
+        return 2
+    try:
+        spec = pool_spec.load(args.config)
+    except pool_spec.PoolSpecError as exc:
+        print(f"envpool serve: {exc}", file=sys.stderr)
+        return 2
+    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+    namespace = args.ray_namespace or spec.ray_namespace
+    # log_to_driver=False made every actor call ~7x slower here (Ray 2.60): keep the default
+    ray.init(address=address, namespace=namespace)
+
+    stop = threading.Event()
+    watcher = _ConfigWatcher(args.config, spec.name)
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if hasattr(signal, "SIGHUP"):
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP,
+                                                lambda *_: watcher.reload_now.set())
+    reporter = KubeStatusReporter.from_env()
+    server = PoolServer(
+        spec,
+        http_host=_http_addr(args),
+        http_port=args.http_port,
+        ray_namespace=namespace,
+        health_interval_s=args.health_interval,
+        status_reporter=reporter,
+        metrics_namespace=spec.namespace if reporter is not None else None,
+    )
+
+    def _reload() -> None:
+        try:
+            new = watcher.poll()
+        except pool_spec.PoolSpecError as exc:
+            log.error("config changed but is invalid; keeping the running spec: %s", exc)
+            return
+        if new is None:
+            return
+        try:
+            server.apply_spec(new)
+        except ValueError as exc:
+            log.error("%s", exc)
+
+    try:
+        try:
+            server.start()
+        except OSError as exc:  # the HTTP port is taken or the address is not ours
+            print(f"envpool serve: cannot serve HTTP on {_http_addr(args)}:"
+                  f"{args.http_port if args.http_port is not None else spec.metrics_port}: {exc}",
+                  file=sys.stderr)
+            return 1
+        log.info("pool %s: %d envs (%d per actor) in Ray namespace %s; status at %s/status",
+                 spec.name, spec.desired_envs, spec.envs_per_actor, namespace, server.url)
+        server.run(stop, on_tick=_reload)
+        return 0
+    finally:
+        server.close(destroy=args.destroy_on_exit)
+        if reporter is not None:
+            reporter.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        ray.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m remote_env.serve_cli`` (same as ``envpool serve``)."""
+    parser = argparse.ArgumentParser(prog="envpool")
+    add_serve_parser(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,39 @@
+"""Envs for the pool-server tests, imported by the env actors (PYTHONPATH).
+
+``CountingCartPole`` appends one line per construction to a file, so a test can
+count how many envs were really created across processes and nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import gymnasium as gym
+
+
+class CountingCartPole(gym.Wrapper[Any, Any, Any, Any]):
+    def __init__(self, counter_file: str) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.instance = uuid.uuid4().hex
+        self.steps = 0
+        # one short O_APPEND write per line: atomic across processes
+        with open(counter_file, "a") as f:
+            f.write(f"{os.getpid()} {self.instance}\n")
+
+    def step(self, action: Any) -> Any:
+        self.steps += 1
+        return self.env.step(action)
+
+
+def make_counted_cartpole(counter_file: str) -> CountingCartPole:
+    return CountingCartPole(counter_file)
+
+
+def constructions(counter_file: str) -> int:
+    try:
+        with open(counter_file) as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        return 0

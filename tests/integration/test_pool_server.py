@@ -1,0 +1,484 @@
+"""The pool server and attach on a real multi-node Ray (``ray.cluster_utils.Cluster``).
+
+One cluster for the module: a head and two worker nodes that advertise the
+``envpool_env`` resource (as the operator's worker pods do), so env actors land
+on workers only. Envs count their constructions in a file (``pool_envs``), which
+is how "no env re-created" is checked. Faults are real: SIGKILL of the pool
+server process, removal of a Ray node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+from conftest import wait_for
+from pool_envs import constructions
+from prometheus_client.parser import text_string_to_metric_families
+from ray.cluster_utils import Cluster
+
+from remote_env import pool_registry, pool_spec
+from remote_env.attach import PoolNotFoundError, attach
+from remote_env.pool_server import ENV_RESOURCE, PoolServer
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    ray.shutdown()  # ray_local's single-node Ray, if another module started it
+    old_path = os.environ.get("PYTHONPATH")
+    # raylets inherit it, and so do the env actors they start: they import pool_envs
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), old_path) if p)
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1,
+        "include_dashboard": False,
+        # notice a removed node in ~1.5 s, not the default ~30 s
+        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
+    })
+    try:
+        for _ in range(2):
+            c.add_node(num_cpus=1, resources={ENV_RESOURCE: 16})
+        ray.init(address=c.address, log_to_driver=False)
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        if old_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_path
+
+
+def _spec(name: str, counter: Path, replicas: int, per_actor: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "envpool.dev/v1alpha1",
+        "kind": "EnvPool",
+        "metadata": {"name": name},
+        "spec": {
+            "env": {"entrypoint": "pool_envs:make_counted_cartpole",
+                    "kwargs": {"counter_file": str(counter)}},
+            "replicas": replicas,
+            "envsPerActor": per_actor,
+            "faultTolerance": {"restartBackoffSeconds": 0, "stepTimeoutSeconds": 5,
+                               "maxRestarts": 3},
+            **extra,
+        },
+    }
+
+
+def _server(doc: dict[str, Any]) -> PoolServer:
+    server = PoolServer(pool_spec.parse_manifest(doc), http_port=0, health_interval_s=0.3)
+    server.start_background()
+    return server
+
+
+def _named_actors(namespace: str) -> list[str]:
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["namespace"] == namespace)
+
+
+def _destroy(server: PoolServer) -> None:
+    ns = server.ray_namespace
+    server.close(destroy=True)
+    wait_for(lambda: not _named_actors(ns), 30, f"no actors left in {ns}")
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _status(url: str) -> dict[str, Any]:
+    code, body = _get(url + "/status")
+    assert code == 200, body
+    status: dict[str, Any] = json.loads(body)
+    return status
+
+
+def _actor_ids(envs: Any) -> list[str]:
+    return [h._actor_id.hex() for h in envs.actors]
+
+
+# --------------------------------------------------------------------- tests
+def test_second_trainer_attaches_to_the_same_warm_envs(cluster: Cluster, tmp_path: Path) -> None:
+    counter = tmp_path / "constructed"
+    server = _server(_spec("warm", counter, replicas=4, per_actor=2))
+    try:
+        server.wait_ready(60)
+        assert constructions(str(counter)) == 4
+
+        t0 = time.perf_counter()
+        a = attach("warm", trainer="trainer-a")
+        attach_s = time.perf_counter() - t0
+        assert a.num_envs == 4 and len(a.actors) == 2
+        a.reset(seed=7)
+        for _ in range(5):
+            a.step(np.zeros(4, dtype=np.int64))
+        ids, instances, steps = _actor_ids(a), a.get_attr("instance"), a.get_attr("steps")
+        assert steps == (5, 5, 5, 5)
+        a.close()
+        wait_for(lambda: server.status()["leasedEnvs"] == 0, 10, "lease released")
+
+        b = attach("warm", trainer="trainer-b")
+        try:
+            # the same actors and the same env objects, mid-episode where A left them
+            assert _actor_ids(b) == ids
+            assert b.get_attr("instance") == instances
+            assert b.get_attr("steps") == (5, 5, 5, 5)
+            b.step(np.zeros(4, dtype=np.int64))
+            assert b.get_attr("steps") == (6, 6, 6, 6)
+            assert constructions(str(counter)) == 4, "attaching re-created envs"
+        finally:
+            b.close()
+        print(f"attach to a warm 4-env pool: {attach_s * 1000:.0f} ms")
+    finally:
+        _destroy(server)
+
+
+def test_leases_are_disjoint_expire_with_their_trainer_and_show_over_http(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    counter = tmp_path / "constructed"
+    server = _server(_spec("lease", counter, replicas=6, per_actor=2))
+    try:
+        server.wait_ready(60)
+        url = server.url
+        a = attach("lease", num_envs=2, trainer="a")
+        b = attach("lease", num_envs=4, trainer="b")
+        assert set(_actor_ids(a)).isdisjoint(_actor_ids(b))
+        assert sorted(a.slots + b.slots) == [0, 1, 2]
+        with pytest.raises(pool_registry.LeaseError, match=r"0 free \(6 leased\)"):
+            attach("lease", num_envs=2)
+        with pytest.raises(PoolNotFoundError, match="no pool 'nope'"):
+            attach("nope")
+
+        # /status, /metrics and /healthz over HTTP while a and b hold leases
+        st = wait_for(lambda: (s := _status(url))["leasedEnvs"] == 6 and s, 10, "leases shown")
+        assert (st["readyEnvs"], st["desiredEnvs"], st["actors"]) == (6, 6, 3)
+        assert sorted(lease["trainer"] for lease in st["leases"]) == ["a", "b"]
+        assert {s["leasedBy"] for s in st["slots"]} == {"a", "b"}
+        code, text = _get(url + "/metrics")
+        assert code == 200
+        samples = {(s.name, s.labels.get("state")): s.value
+                   for fam in text_string_to_metric_families(text) for s in fam.samples
+                   if s.labels.get("pool") == "lease"}
+        assert samples[("envpool_envs", "running")] == 6
+        assert samples[("envpool_pool_desired_envs", None)] == 6
+        assert samples[("envpool_pool_leased_envs", None)] == 6
+        assert samples[("envpool_pool_leases", None)] == 2
+        assert samples[("envpool_actor_restarts_total", None)] == 0
+        assert _get(url + "/healthz") == (200, "ok\n")
+        assert _get(url + "/nope")[0] == 404
+
+        # a trainer process that dies holding a lease: its envs come back after the ttl
+        a.close()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(f"""
+                import time
+                from remote_env.attach import attach
+                envs = attach("lease", address={cluster.address!r}, num_envs=2,
+                              lease_timeout_s=3, trainer="doomed")
+                print("leased", envs.slots, flush=True)
+                time.sleep(600)
+            """)],
+            stdout=subprocess.PIPE, text=True,
+        )
+        try:
+            line = proc.stdout.readline() if proc.stdout else ""
+            assert line.startswith("leased"), line
+            doomed_slots = json.loads(line.split(" ", 1)[1])
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        killed_at = time.monotonic()
+        with pytest.raises(pool_registry.LeaseError, match="cannot lease num_envs=2"):
+            attach("lease", num_envs=2)  # still held: the ttl has not passed
+        c = attach("lease", num_envs=2, wait_s=20, trainer="c")
+        waited = time.monotonic() - killed_at
+        assert c.slots == doomed_slots
+        assert 1.0 <= waited <= 15, waited
+        c.close()
+        b.close()
+        assert constructions(str(counter)) == 6
+    finally:
+        _destroy(server)
+
+
+def test_scale_up_and_down_keeps_the_surviving_envs(cluster: Cluster, tmp_path: Path) -> None:
+    counter = tmp_path / "constructed"
+    doc = _spec("scale", counter, replicas=4, per_actor=2)
+    server = _server(doc)
+    try:
+        server.wait_ready(60)
+        envs = attach("scale")
+        envs.reset(seed=0)
+        for _ in range(3):
+            envs.step(np.ones(4, dtype=np.int64))
+        before = dict(zip(envs.get_attr("instance"), envs.get_attr("steps"), strict=True))
+        first_ids = _actor_ids(envs)
+        envs.close()
+
+        doc["spec"]["replicas"] = 8
+        server.apply_spec(pool_spec.parse_manifest(doc))
+        st = server.wait_ready(60)
+        assert (st["actors"], st["readyEnvs"]) == (4, 8)
+        assert constructions(str(counter)) == 8  # 4 new, none re-created
+        envs = attach("scale")
+        assert _actor_ids(envs)[:2] == first_ids
+        assert dict(zip(envs.get_attr("instance")[:4], envs.get_attr("steps")[:4],
+                        strict=True)) == before
+        envs.close()
+
+        # down to 2: whole actors go, newest first; slot 0 stays as it was
+        doc["spec"]["replicas"] = 2
+        doc["spec"]["envsPerActor"] = 2
+        server.apply_spec(pool_spec.parse_manifest(doc))
+        st = wait_for(lambda: (s := server.status())["actors"] == 1 and s, 30, "scaled down")
+        assert [s["slot"] for s in st["slots"]] == [0]
+        ns = server.ray_namespace
+        wait_for(lambda: len(_named_actors(ns)) == 2, 30, "removed actors gone")  # + registry
+        envs = attach("scale")
+        assert _actor_ids(envs) == first_ids[:1]
+        assert dict(zip(envs.get_attr("instance"), envs.get_attr("steps"), strict=True)) == {
+            k: v for k, v in before.items() if k in envs.get_attr("instance")}
+        assert len(set(envs.get_attr("instance")) & set(before)) == 2
+        envs.close()
+
+        # up by one env: a partial actor is added, the full one is not touched
+        doc["spec"]["replicas"] = 3
+        server.apply_spec(pool_spec.parse_manifest(doc))
+        st = server.wait_ready(60)
+        assert [(s["slot"], s["envs"]) for s in st["slots"]] == [(0, 2), (1, 1)]
+        assert st["slots"][0]["actorId"] == first_ids[0]
+        assert constructions(str(counter)) == 9
+        assert st["restarts"] == 0
+    finally:
+        _destroy(server)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_serve(config: Path, address: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "remote_env.serve_cli", "--config", str(config),
+         "--address", address, "--http-port", str(port), "--health-interval", "0.3"],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT,
+    )
+
+
+def test_pool_server_killed_and_restarted_readopts_its_actors(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    import yaml
+
+    counter = tmp_path / "constructed"
+    doc = _spec("restart", counter, replicas=4, per_actor=2)
+    config = tmp_path / "pool.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+
+    def ready(want: int) -> dict[str, Any] | None:
+        try:
+            st = _status(url)
+        except OSError:
+            return None
+        ok = st["readyEnvs"] == st["desiredEnvs"] == want and st["actors"] == st["readyActors"]
+        return st if ok else None
+
+    proc = _start_serve(config, cluster.address, port, log)
+    envs = None
+    try:
+        first = wait_for(lambda: ready(4), 90, f"pool server ready (log: {log})")
+        envs = attach("restart", trainer="survivor")
+        envs.reset(seed=1)
+        envs.step(np.zeros(4, dtype=np.int64))
+
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        # the detached actors outlive the server: the trainer keeps stepping
+        for _ in range(3):
+            envs.step(np.zeros(4, dtype=np.int64))
+        assert envs.get_attr("steps") == (4, 4, 4, 4)
+
+        proc = _start_serve(config, cluster.address, port, log)
+        again = wait_for(lambda: ready(4), 90, f"restarted pool server ready (log: {log})")
+        assert [s["actorId"] for s in again["slots"]] == [s["actorId"] for s in first["slots"]]
+        assert again["restarts"] == 0
+        assert again["leasedEnvs"] == 4  # the lease lives in the registry, not the server
+        assert constructions(str(counter)) == 4
+        envs.step(np.zeros(4, dtype=np.int64))
+        assert envs.get_attr("steps") == (5, 5, 5, 5)
+        envs.close()
+        envs = None
+
+        # the server follows its config file (the ConfigMap in-cluster): scale to 6
+        doc["spec"]["replicas"] = 6
+        config.write_text(yaml.safe_dump(doc))
+        scaled = wait_for(lambda: ready(6), 60, f"scaled by config (log: {log})")
+        assert [s["actorId"] for s in scaled["slots"][:2]] == [
+            s["actorId"] for s in first["slots"]]
+        assert constructions(str(counter)) == 6
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        # stopped without --destroy-on-exit: the pool's actors stay for the next server
+        assert len(_named_actors(pool_spec.ray_namespace("restart"))) == 4
+    finally:
+        if envs is not None:
+            envs.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        cleanup = _server(doc)  # adopts the actors, then removes them
+        _destroy(cleanup)
+
+
+def test_a_frozen_trainer_that_lost_its_lease_is_told_so(cluster: Cluster, tmp_path: Path) -> None:
+    """SIGSTOP a trainer past its ttl: another trainer gets the envs; on SIGCONT the
+    first one's next step raises LeaseLostError instead of sharing the envs."""
+    counter = tmp_path / "constructed"
+    server = _server(_spec("stall", counter, replicas=2, per_actor=2))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys
+            import time
+            import numpy as np
+            from remote_env.attach import attach
+            envs = attach("stall", address={cluster.address!r}, lease_timeout_s=1.0,
+                          trainer="frozen", wait_s=60)
+            envs.reset(seed=0)
+            print("leased", envs.slots, flush=True)
+            sys.stdin.readline()
+            deadline = time.monotonic() + 10
+            while not envs.lease_lost and time.monotonic() < deadline:
+                time.sleep(0.05)  # the heartbeat (every ttl/3) finds the lease gone
+            try:
+                envs.step(np.zeros(2, dtype=np.int64))
+                print("stepped", flush=True)
+            except Exception as exc:
+                print(type(exc).__name__, exc, flush=True)
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("leased"), line
+        proc.send_signal(signal.SIGSTOP)
+        b = attach("stall", wait_s=20, trainer="b")
+        assert b.slots == json.loads(line.split(" ", 1)[1])
+        proc.send_signal(signal.SIGCONT)
+        proc.stdin.write("step\n")
+        proc.stdin.flush()
+        answer = proc.stdout.readline()
+        assert answer.startswith("LeaseLostError"), answer
+        b.step(np.zeros(2, dtype=np.int64))
+        b.close()
+    finally:
+        proc.kill()
+        proc.wait(10)
+        _destroy(server)
+
+
+def test_a_hung_actor_is_killed_and_replaced_by_the_pool_server(cluster: Cluster) -> None:
+    doc = {"metadata": {"name": "hang"}, "spec": {
+        "env": {"entrypoint": "remote_env.examples:FaultyEnv", "kwargs": {"hang_at_step": 3}},
+        "replicas": 2, "envsPerActor": 1,
+        "faultTolerance": {"restartBackoffSeconds": 0, "stepTimeoutSeconds": 2}}}
+    server = _server(doc)
+    try:
+        first = {s["slot"]: s["actorId"] for s in server.wait_ready(60)["slots"]}
+        envs = attach("hang")
+        assert envs.step_timeout_s == 2  # the pool's hang timeout reaches the trainer
+        envs.reset(seed=0)
+        for _ in range(2):
+            envs.step(np.zeros(2, dtype=np.int64))
+        t0 = time.monotonic()
+        _, _, _, trunc, info = envs.step(np.zeros(2, dtype=np.int64))  # both envs hang here
+        assert 2 <= time.monotonic() - t0 < 30
+        assert trunc.all() and info["_error"].all()
+        assert "timeout" in info["error"][0]
+        envs.step(np.zeros(2, dtype=np.int64))  # NEXT_STEP: the fresh envs reset
+        envs.step(np.zeros(2, dtype=np.int64))
+        assert list(envs.restart_counts) == [1, 1]
+        envs.close()
+        st = server.wait_ready(30)
+        assert all(s["actorId"] != first[s["slot"]] for s in st["slots"])
+        assert st["restarts"] == 2 and "timeout" in st["lastError"]
+        assert server.registry.get_sample_value(
+            "envpool_env_failures_total", {"pool": "hang", "reason": "timeout"}) == 2
+    finally:
+        _destroy(server)
+
+
+def test_node_killed_its_envs_come_back_on_another_node(cluster: Cluster, tmp_path: Path) -> None:
+    counter = tmp_path / "constructed"
+    server = _server(_spec("nodes", counter, replicas=4, per_actor=1))
+    envs = None
+    try:
+        st = server.wait_ready(60)
+        nodes = {s["slot"]: s["nodeId"] for s in st["slots"]}
+        workers = {n.node_id: n for n in cluster.worker_nodes}
+        assert set(nodes.values()) <= set(workers), "env actors must be on worker nodes"
+        victim = max(set(nodes.values()), key=lambda n: list(nodes.values()).count(n))
+        lost = sorted(s for s, n in nodes.items() if n == victim)
+
+        envs = attach("nodes", trainer="through-the-fault")
+        envs.reset(seed=3)
+        envs.step(np.zeros(4, dtype=np.int64))
+        cluster.remove_node(workers[victim], allow_graceful=False)
+
+        # the trainer keeps stepping: the lost envs end their episode (truncated, with
+        # an error) once their dead actors are noticed, and the pool server replaces them
+        errored = np.zeros(4, dtype=bool)
+        deadline = time.monotonic() + 60
+        while not errored[lost].all():
+            assert time.monotonic() < deadline, f"errors seen {errored}, lost {lost}"
+            _, _, _, trunc, info = envs.step(np.zeros(4, dtype=np.int64))
+            err = info.get("_error", np.zeros(4, dtype=bool))
+            assert trunc[err].all()
+            errored |= err
+        assert not errored[[s for s in range(4) if s not in lost]].any()
+        for _ in range(3):
+            envs.step(np.zeros(4, dtype=np.int64))
+        assert list(np.flatnonzero(envs.restart_counts)) == lost
+
+        st = server.wait_ready(60)
+        assert all(s["nodeId"] != victim and s["nodeId"] in workers for s in st["slots"])
+        assert st["restarts"] == len(lost)
+        assert constructions(str(counter)) == 4 + len(lost)
+        reg = server.registry
+        assert reg.get_sample_value("envpool_actor_restarts_total", {"pool": "nodes"}) == len(lost)
+        assert reg.get_sample_value("envpool_env_failures_total", {"pool": "nodes"} | {
+            "reason": "actor_died"}) + reg.get_sample_value(
+            "envpool_env_failures_total", {"pool": "nodes", "reason": "timeout"}) == len(lost)
+    finally:
+        if envs is not None:
+            envs.close()
+        _destroy(server)

@@ -82,6 +82,8 @@ class _Call:
     is_reset: bool
     sent: float
     handle: Any
+    # sent to a replacement actor still starting: its env constructors may take long
+    starting: bool = False
 
 
 class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
@@ -102,6 +104,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         restart_backoff_s: first restart backoff; doubles per consecutive failure.
         step_timeout_s: an actor that does not answer a call within this is killed
             and replaced (hang detection); None waits forever.
+        start_timeout_s: extra time a replacement actor gets to start (its env
+            constructors may boot a simulator) before its first call counts as hung.
         threads_per_actor: step an actor's sub-envs on this many threads (for envs
             that wait on I/O or release the GIL).
         existing_actors: ``SubEnvHost`` actors (from :meth:`host_class`) or env
@@ -139,6 +143,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         max_restarts: int = 10,
         restart_backoff_s: float = 0.0,
         step_timeout_s: float | None = None,
+        start_timeout_s: float = 300.0,
         threads_per_actor: int = 1,
         existing_actors: Sequence[Any] | None = None,
         on_sub_environment_created: Callable[[Any, int], None] | None = None,
@@ -180,6 +185,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self.max_restarts = max_restarts
         self.restart_backoff_s = restart_backoff_s
         self.step_timeout_s = step_timeout_s
+        self.start_timeout_s = start_timeout_s
         self._threads = threads_per_actor
         self._on_created = on_sub_environment_created
         self._actor_options = dict(actor_options or {})
@@ -498,8 +504,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             now = time.perf_counter()
             limit = None if timeout is None else t0 + timeout - now
             if self.step_timeout_s is not None:
-                earliest = min(c.sent for c in self._calls.values())
-                hang = earliest + self.step_timeout_s - now
+                hang = min(self._deadline(c) for c in self._calls.values()) - now
                 limit = hang if limit is None else min(limit, hang)
             ready, _ = self._ray.wait(
                 refs, num_returns=1, timeout=None if limit is None else max(limit, 0.0)
@@ -509,7 +514,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 return list(more) or list(ready)
             now = time.perf_counter()
             if self.step_timeout_s is not None:
-                hung = [r for r, c in self._calls.items() if now - c.sent >= self.step_timeout_s]
+                hung = [r for r, c in self._calls.items() if now >= self._deadline(c)]
                 if hung:
                     return hung  # _collect turns them into timeout failures
             if timeout is not None and now - t0 >= timeout:
@@ -614,7 +619,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 ref = host.handle.reset.remote(positions, list(payload), options)
             else:
                 ref = host.handle.step.remote(positions, payload)
-            self._calls[ref] = _Call(h, env_ids, positions, is_reset, now, host.handle)
+            self._calls[ref] = _Call(h, env_ids, positions, is_reset, now, host.handle,
+                                     starting=host.start_ref is not None)
             self._busy[env_ids] = True
 
     # ------------------------------------------------------------ collection
@@ -628,8 +634,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         if len(refs) > 1 or timeout is not None or self.step_timeout_s is not None:
             hang_wait = None
             if self.step_timeout_s is not None:
-                newest = max(self._calls[r].sent for r in refs)
-                hang_wait = max(0.0, newest + self.step_timeout_s - time.perf_counter())
+                latest = max(self._deadline(self._calls[r]) for r in refs)
+                hang_wait = max(0.0, latest - time.perf_counter())
             waits = [w for w in (timeout, hang_wait) if w is not None]
             _, pending = self._ray.wait(
                 refs, num_returns=len(refs), timeout=min(waits) if waits else None
@@ -666,6 +672,12 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         if permanent:
             raise permanent[0]
         return out
+
+    def _deadline(self, call: _Call) -> float:
+        """When a call counts as hung: step_timeout_s after sending, plus the start-up
+        allowance when it went to a replacement actor that was still starting."""
+        assert self.step_timeout_s is not None
+        return call.sent + self.step_timeout_s + (self.start_timeout_s if call.starting else 0.0)
 
     def _result(self, ref: Any, call: _Call, host: _Host, hung: bool) -> Batch:
         """One call's Batch; a dead or hung actor is replaced and reported here."""

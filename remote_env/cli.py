@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import sys
@@ -54,124 +55,114 @@ def _kv(text: str) -> tuple[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.file:
-        return run_pool_file(args)
+    """``envpool run``: an embedded Ray, a pool, a random-action trainer; cleans up all."""
     import ray
 
+    # address="local": always a fresh embedded Ray, never whatever cluster ran last here.
+    # log_to_driver=False made every actor call ~7x slower here (Ray 2.60): keep the default.
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(ray.shutdown)  # also stops a Ray interrupted while starting
+        try:
+            ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False)
+            envs = _open_pool(args, cleanup) if args.file else _open_envs(args, cleanup)
+            return _drive(envs, args)
+        except KeyboardInterrupt:
+            print("\ninterrupted while starting: closing the pool", file=sys.stderr)
+            return 130
+        except errors.SubEnvironmentError as exc:
+            print(f"\nenvpool run: {exc}", file=sys.stderr)
+            return 1
+
+
+def _open_envs(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
+    """A RemoteVectorEnv owned by this process (``--env`` / ``--entrypoint``)."""
     from remote_env.metrics import PoolMetrics, serve_metrics
     from remote_env.vector import RemoteVectorEnv
 
-    env_fn = _env_fn(args)
-    # log_to_driver=False made every actor call ~7x slower here (Ray 2.60): keep the default
-    # address="local": always a fresh embedded Ray, never whatever cluster ran last here
-    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False)
-    stop = {"now": False}
-    envs: RemoteVectorEnv | None = None
-    try:
-        metrics = PoolMetrics(pool=args.pool)
-        if args.metrics_port is not None:
-            server = serve_metrics(metrics.registry, args.metrics_port, args.metrics_addr)
-            print(f"metrics: http://{args.metrics_addr}:{server.server_port}/metrics", file=sys.stderr)
-        t_create = time.monotonic()
-        envs = RemoteVectorEnv(
-            [env_fn] * args.num_envs,
-            envs_per_actor=args.envs_per_actor,
-            batch_wait_ms=args.batch_wait_ms,
-            restart_failed_sub_environments=not args.no_restart,
-            step_timeout_s=args.step_timeout,
-            max_restarts=args.max_restarts,
-            metrics=metrics,
-        )
-        print(f"{envs.num_envs} x {args.entrypoint or args.env} in {len(envs.actors)} actors "
-              f"ready in {time.monotonic() - t_create:.1f}s", file=sys.stderr)
-        return _drive(envs, args, stop)
-    except KeyboardInterrupt:
-        print("\ninterrupted: closing the pool", file=sys.stderr)
-        return 130
-    except errors.SubEnvironmentError as exc:
-        print(f"\nenvpool run: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if envs is not None:
-            envs.close()
-        ray.shutdown()
+    metrics = PoolMetrics(pool=args.pool)
+    if args.metrics_port is not None:
+        server = serve_metrics(metrics.registry, args.metrics_port, args.metrics_addr)
+        cleanup.callback(server.shutdown)
+        print(f"metrics: http://{args.metrics_addr}:{server.server_port}/metrics", file=sys.stderr)
+    t0 = time.monotonic()
+    envs = RemoteVectorEnv(
+        [_env_fn(args)] * args.num_envs,
+        envs_per_actor=args.envs_per_actor,
+        batch_wait_ms=args.batch_wait_ms,
+        restart_failed_sub_environments=not args.no_restart,
+        step_timeout_s=args.step_timeout,
+        max_restarts=args.max_restarts,
+        metrics=metrics,
+    )
+    cleanup.callback(envs.close)
+    print(f"{envs.num_envs} x {args.entrypoint or args.env} in {len(envs.actors)} actors "
+          f"ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    return envs
 
 
-def run_pool_file(args: argparse.Namespace) -> int:
-    """``envpool run -f pool.yaml``: embedded Ray + the pool server + a random trainer."""
-    import ray
-
+def _open_pool(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
+    """``-f pool.yaml``: the pool server of that EnvPool and a trainer attached to it."""
     from remote_env import pool_spec
     from remote_env.attach import attach
     from remote_env.metrics import PoolMetrics
     from remote_env.pool_server import PoolServer
 
     spec = pool_spec.load(args.file)
-    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False)
-    server: PoolServer | None = None
-    envs: Any = None
-    stop = {"now": False}
-    try:
-        port = args.metrics_port if args.metrics_port is not None else spec.metrics_port
-        server = PoolServer(spec, http_host=args.metrics_addr, http_port=port)
-        server.start_background()
-        t0 = time.monotonic()
-        print(f"pool {spec.name}: starting {spec.desired_envs} envs; "
-              f"status {server.url}/status, metrics {server.url}/metrics", file=sys.stderr)
-        server.wait_ready(timeout=600)
-        print(f"pool {spec.name}: {spec.desired_envs} envs ready in "
-              f"{time.monotonic() - t0:.1f}s", file=sys.stderr)
-        # the trainer gets its own registry: the server already counts pool-side events
-        envs = attach(spec.name, metrics=PoolMetrics(pool=spec.name))
-        return _drive(envs, args, stop)
-    except KeyboardInterrupt:
-        print("\ninterrupted: closing the pool", file=sys.stderr)
-        return 130
-    except errors.SubEnvironmentError as exc:
-        print(f"\nenvpool run: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if envs is not None:
-            envs.close()
-        if server is not None:
-            server.close(destroy=True)
-        ray.shutdown()
+    port = args.metrics_port if args.metrics_port is not None else spec.metrics_port
+    server = PoolServer(spec, http_host=args.metrics_addr, http_port=port)
+    cleanup.callback(server.close, destroy=True)
+    server.start_background()
+    t0 = time.monotonic()
+    print(f"pool {spec.name}: starting {spec.desired_envs} envs; "
+          f"status {server.url}/status, metrics {server.url}/metrics", file=sys.stderr)
+    server.wait_ready(timeout=600)
+    print(f"pool {spec.name}: {spec.desired_envs} envs ready in "
+          f"{time.monotonic() - t0:.1f}s", file=sys.stderr)
+    # the trainer gets its own registry: the server already counts pool-side events
+    envs = attach(spec.name, metrics=PoolMetrics(pool=spec.name))
+    cleanup.callback(envs.close)
+    return envs
 
 
-def _drive(envs: Any, args: argparse.Namespace, stop: dict[str, bool]) -> int:
-    """Random actions through send/recv; returns the exit code."""
+def _drive(envs: Any, args: argparse.Namespace) -> int:
+    """Random actions through send/recv until --seconds or Ctrl-C; returns the exit code."""
     space = envs.single_action_space
     space.seed(args.seed)
     envs.async_reset(seed=args.seed)
     steps = episodes = 0
     t0 = last = time.monotonic()
     tty = sys.stderr.isatty()
-    while not stop["now"] and time.monotonic() - t0 < args.seconds:
-        _, _, term, trunc, info = envs.recv()
-        ids = info["env_id"]
-        if envs.multi_agent:
-            done = [bool(term[e]["__all__"] or trunc[e]["__all__"]) for e in term]
-            actions: Any = [space.sample() for _ in ids]
-        else:
-            done = term | trunc
-            actions = np.stack([space.sample() for _ in ids])
-        steps += len(ids)
-        episodes += int(np.sum(done))
-        envs.send(actions, ids)
-        now = time.monotonic()
-        if now - last >= 1.0:
-            line = _progress(envs, now - t0, steps, episodes)
-            print(f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
-            last = now
+    interrupted = False
+    try:
+        while time.monotonic() - t0 < args.seconds:
+            _, _, term, trunc, info = envs.recv()
+            ids = info["env_id"]
+            if envs.multi_agent:
+                done = [bool(term[e]["__all__"] or trunc[e]["__all__"]) for e in term]
+                actions: Any = [space.sample() for _ in ids]
+            else:
+                done = term | trunc
+                actions = np.stack([space.sample() for _ in ids])
+            steps += len(ids)
+            episodes += int(np.sum(done))
+            envs.send(actions, ids)
+            now = time.monotonic()
+            if now - last >= 1.0:
+                line = _progress(envs, now - t0, steps, episodes)
+                print(f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr,
+                      flush=True)
+                last = now
+    except KeyboardInterrupt:
+        interrupted = True
     elapsed = time.monotonic() - t0
     t = envs.metrics.totals()
     print(("\n" if tty else "") + (
-        f"done{' (interrupted)' if stop['now'] else ''}: {steps} steps in {elapsed:.1f}s "
+        f"done{' (interrupted)' if interrupted else ''}: {steps} steps in {elapsed:.1f}s "
         f"({steps / max(elapsed, 1e-9):.0f} steps/s), {episodes} episodes, "
         f"{t['failures']:.0f} failures, {t['env_restarts']:.0f} env restarts, "
         f"{t['actor_restarts']:.0f} actor restarts"
     ))
-    return 0
+    return 130 if interrupted else 0
 
 
 def _progress(envs: Any, elapsed: float, steps: int, episodes: int) -> str:

@@ -1,0 +1,73 @@
+"""``envpool run`` as a user runs it: a subprocess, its output and exit code."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ENVPOOL = [sys.executable, "-m", "remote_env.cli"]
+
+
+def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*ENVPOOL, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO)
+
+
+def test_run_steps_a_local_pool_and_prints_a_summary() -> None:
+    out = _run("run", "--num-envs", "4", "--envs-per-actor", "2", "--seconds", "3")
+    assert out.returncode == 0, out.stderr
+    assert "4 x CartPole-v1 in 2 actors ready" in out.stderr
+    assert re.search(r"steps/s\s+episodes \d+\s+failures 0", out.stderr), out.stderr
+    m = re.search(r"done: (\d+) steps in [\d.]+s \(\d+ steps/s\), (\d+) episodes, 0 failures",
+                  out.stdout)
+    assert m and int(m.group(1)) > 100 and int(m.group(2)) > 0, out.stdout
+
+
+def test_run_with_a_flaky_entrypoint_restarts_and_counts() -> None:
+    out = _run("run", "--entrypoint", "remote_env.examples:make_flaky_cartpole",
+               "--env-kwarg", "fail_every=10", "--num-envs", "2", "--envs-per-actor", "2",
+               "--seconds", "3")
+    assert out.returncode == 0, out.stderr
+    m = re.search(r"(\d+) failures, (\d+) env restarts, 0 actor restarts", out.stdout)
+    assert m and int(m.group(1)) == int(m.group(2)) > 0, out.stdout
+
+
+def test_run_pool_file_runs_the_pool_server_and_a_trainer() -> None:
+    out = _run("run", "-f", "manifests/examples/cartpole.yaml", "--seconds", "3")
+    assert out.returncode == 0, out.stderr
+    assert "pool cartpole: 16 envs ready" in out.stderr
+    assert "done: " in out.stdout
+
+
+def test_bad_input_is_a_usage_error() -> None:
+    for args, msg in [
+        (["--num-envs", "0"], "--num-envs must be >= 1, got 0"),
+        (["--env", "NoSuchEnv-v9"], "NoSuchEnv"),
+        (["--entrypoint", "no_colon"], "entrypoint must look like 'package.module:callable'"),
+        (["--entrypoint", "remote_env.examples:nope"], "has no callable 'nope'"),
+        (["-f", "/nonexistent/pool.yaml"], "pool.yaml"),
+    ]:
+        out = _run("run", *args, timeout=60)
+        assert out.returncode == 2, (args, out.stderr)
+        assert msg in out.stderr, (args, out.stderr)
+
+
+def test_ctrl_c_stops_cleanly() -> None:
+    proc = subprocess.Popen([*ENVPOOL, "run", "--num-envs", "2", "--envs-per-actor", "1",
+                             "--seconds", "120"], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "ready in" in line or time.monotonic() > deadline:
+            break
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "done (interrupted)" in stdout

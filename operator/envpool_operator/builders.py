@@ -1,0 +1,388 @@
+"""Pure builders: a validated :class:`~envpool_operator.spec.PoolSpec` -> manifest dicts.
+
+No Kubernetes client and no kopf here; ownerReferences are added by the caller
+(``kopf.adopt``), so these functions are unit-tested on plain dicts::
+
+    >>> from envpool_operator import settings, spec
+    >>> pool = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 100}, name="cp")
+    >>> rc = build_ray_cluster(pool, settings.Settings())
+    >>> rc["spec"]["workerGroupSpecs"][0]["replicas"]   # ceil(100 / 64)
+    2
+
+Children of EnvPool ``<name>``: RayCluster ``<name>``, ConfigMap
+``<name>-pool`` (key ``pool.yaml``), and ServiceAccount/Role/RoleBinding
+``<name>-pool-server`` that let the pool server patch only its own EnvPool's
+status.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Final
+
+import yaml
+
+from envpool_operator import settings as settings_mod
+from envpool_operator import spec as spec_mod
+
+RAY_API_VERSION: Final = "ray.io/v1"
+WORKER_GROUP: Final = "envs"
+#: The file ``envpool serve --config`` reads: an EnvPool document, the same
+#: format ``envpool run -f pool.yaml`` takes, with every default filled in.
+CONFIG_KEY: Final = "pool.yaml"
+CONFIG_DIR: Final = "/etc/envpool"
+POOL_LABEL: Final = "envpool.dev/pool"
+CLUSTER_HASH_ANNOTATION: Final = "envpool.dev/cluster-hash"
+#: Ray custom resource each worker advertises (``envsPerWorker`` units); the
+#: pool server asks ``envsPerActor`` units per actor, so actors land on workers
+#: and never on the head, and changing envsPerActor needs no new pods.
+ENV_RESOURCE: Final = "envpool_env"
+RAY_CLIENT_PORT: Final = 10001
+RAY_GCS_PORT: Final = 6379
+RAY_DASHBOARD_PORT: Final = 8265
+
+DEFAULT_HEAD_RESOURCES: Final[dict[str, dict[str, str]]] = {
+    "requests": {"cpu": "1", "memory": "2Gi"},
+    "limits": {"memory": "4Gi"},
+}
+DEFAULT_WORKER_RESOURCES: Final[dict[str, dict[str, str]]] = {
+    "requests": {"cpu": "2", "memory": "2Gi"},
+    "limits": {"memory": "4Gi"},
+}
+SIDECAR_RESOURCES: Final[dict[str, dict[str, str]]] = {
+    "requests": {"cpu": "100m", "memory": "256Mi"},
+    "limits": {"memory": "1Gi"},
+}
+
+
+def ray_cluster_name(name: str) -> str:
+    return name
+
+
+def config_map_name(name: str) -> str:
+    return f"{name}-pool"
+
+
+def service_account_name(name: str) -> str:
+    return f"{name}-pool-server"
+
+
+def head_service_name(name: str) -> str:
+    """The head Service KubeRay creates for RayCluster ``name``."""
+    return f"{ray_cluster_name(name)}-head-svc"
+
+
+def labels(name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "envpool",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "envpool-operator",
+        POOL_LABEL: name,
+    }
+
+
+def selector(name: str) -> str:
+    """``status.selector`` for the scale subresource: every pod of the pool."""
+    return f"{POOL_LABEL}={name}"
+
+
+def _meta(pool: spec_mod.PoolSpec, name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "namespace": pool.namespace, "labels": labels(pool.name), **extra}
+
+
+def pool_document(pool: spec_mod.PoolSpec) -> dict[str, Any]:
+    """What the pool server reads: an EnvPool document with every default filled."""
+    return {
+        "apiVersion": spec_mod.API_VERSION,
+        "kind": spec_mod.KIND,
+        "metadata": {"name": pool.name, "namespace": pool.namespace},
+        "spec": pool.to_manifest(),
+    }
+
+
+def build_config_map(pool: spec_mod.PoolSpec) -> dict[str, Any]:
+    """ConfigMap ``<name>-pool`` holding the pool's EnvPool document under ``pool.yaml``."""
+    text = yaml.safe_dump(pool_document(pool), sort_keys=True, default_flow_style=False)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(pool, config_map_name(pool.name)),
+        "data": {CONFIG_KEY: text},
+    }
+
+
+def build_service_account(pool: spec_mod.PoolSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(pool, service_account_name(pool.name)),
+        "automountServiceAccountToken": False,  # only the head pod mounts it
+    }
+
+
+def build_role(pool: spec_mod.PoolSpec) -> dict[str, Any]:
+    """Least privilege for the pool server: read its EnvPool, patch its status."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(pool, service_account_name(pool.name)),
+        "rules": [
+            {
+                "apiGroups": [spec_mod.GROUP],
+                "resources": [spec_mod.PLURAL],
+                "resourceNames": [pool.name],
+                "verbs": ["get", "watch"],
+            },
+            {
+                "apiGroups": [spec_mod.GROUP],
+                "resources": [f"{spec_mod.PLURAL}/status"],
+                "resourceNames": [pool.name],
+                "verbs": ["get", "patch"],
+            },
+        ],
+    }
+
+
+def build_role_binding(pool: spec_mod.PoolSpec) -> dict[str, Any]:
+    sa = service_account_name(pool.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(pool, sa),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": pool.namespace}],
+    }
+
+
+def _pod_security() -> dict[str, Any]:
+    # The Ray images run as user "ray" (uid 1000, gid 100).
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 100,
+        "fsGroup": 100,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security(*, read_only_root: bool) -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        # Ray writes sessions, logs and runtime envs under /tmp and $HOME.
+        "readOnlyRootFilesystem": read_only_root,
+    }
+
+
+def _volumes(*, config: str | None) -> list[dict[str, Any]]:
+    vols: list[dict[str, Any]] = [
+        {"name": "tmp", "emptyDir": {}},
+        # The object store lives in /dev/shm; the runtime's default 64Mi is too small.
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    if config is not None:
+        vols.append({"name": "pool-config", "configMap": {"name": config}})
+    return vols
+
+
+_RAY_MOUNTS: Final = [
+    {"name": "tmp", "mountPath": "/tmp"},
+    {"name": "dshm", "mountPath": "/dev/shm"},
+]
+
+
+def _resources(res: spec_mod.Resources, default: dict[str, dict[str, str]]) -> dict[str, Any]:
+    out = res.to_manifest()
+    return out if out else {k: dict(v) for k, v in default.items()}
+
+
+def _image(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> str:
+    return pool.ray.image or settings.image
+
+
+def _head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> dict[str, Any]:
+    image = _image(pool, settings)
+    port = pool.metrics_port
+    pod_labels = {**labels(pool.name), "app.kubernetes.io/component": "head",
+                  "envpool.dev/metrics": "true"}
+    ray_head = {
+        "name": "ray-head",
+        "image": image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "ports": [
+            {"name": "gcs-server", "containerPort": RAY_GCS_PORT},
+            {"name": "dashboard", "containerPort": RAY_DASHBOARD_PORT},
+            {"name": "client", "containerPort": RAY_CLIENT_PORT},
+        ],
+        "resources": _resources(pool.ray.head.resources, DEFAULT_HEAD_RESOURCES),
+        "securityContext": _container_security(read_only_root=False),
+        "volumeMounts": [dict(m) for m in _RAY_MOUNTS],
+    }
+    pool_server = {
+        "name": "pool-server",
+        "image": image,
+        "imagePullPolicy": settings.image_pull_policy,
+        # The metrics port and everything else come from the config file
+        # (spec.metrics.port), so a spec change needs no new command line.
+        "command": ["envpool", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"],
+        "env": [
+            {"name": "ENVPOOL_POOL_NAME", "value": pool.name},
+            {"name": "ENVPOOL_POOL_NAMESPACE",
+             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "ENVPOOL_POD_NAME",
+             "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "ENVPOOL_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_KEY}"},
+            # The sidecar shares the pod network with the head's GCS.
+            {"name": "RAY_ADDRESS", "value": f"127.0.0.1:{RAY_GCS_PORT}"},
+            {"name": "HOME", "value": "/tmp"},
+        ],
+        "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "resources": {k: dict(v) for k, v in SIDECAR_RESOURCES.items()},
+        "securityContext": _container_security(read_only_root=True),
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "pool-config", "mountPath": CONFIG_DIR, "readOnly": True},
+        ],
+    }
+    return {
+        "metadata": {
+            "labels": pod_labels,
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(port),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "spec": {
+            "serviceAccountName": service_account_name(pool.name),
+            "automountServiceAccountToken": True,  # the pool server reports status
+            "securityContext": _pod_security(),
+            # KubeRay treats containers[0] as the Ray container.
+            "containers": [ray_head, pool_server],
+            "volumes": _volumes(config=config_map_name(pool.name)),
+        },
+    }
+
+
+def _worker_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> dict[str, Any]:
+    worker = pool.ray.worker
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "securityContext": _pod_security(),
+        "containers": [{
+            "name": "ray-worker",
+            "image": _image(pool, settings),
+            "imagePullPolicy": settings.image_pull_policy,
+            "resources": _resources(worker.resources, DEFAULT_WORKER_RESOURCES),
+            "securityContext": _container_security(read_only_root=False),
+            "volumeMounts": [dict(m) for m in _RAY_MOUNTS],
+        }],
+        "volumes": _volumes(config=None),
+    }
+    if worker.node_selector:
+        pod_spec["nodeSelector"] = dict(worker.node_selector)
+    if worker.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in worker.tolerations]
+    return {
+        "metadata": {"labels": {**labels(pool.name), "app.kubernetes.io/component": "worker"}},
+        "spec": pod_spec,
+    }
+
+
+def _ray_cluster_spec(
+    pool: spec_mod.PoolSpec, settings: settings_mod.Settings, workers: int,
+    spec_hash: str | None = None,
+) -> dict[str, Any]:
+    env_units = pool.ray.worker.envs_per_worker
+    head = _head_template(pool, settings)
+    worker = _worker_template(pool, settings)
+    if spec_hash is not None:
+        # In the pod templates so that env/runtimeEnv changes, which are not
+        # otherwise part of the RayCluster spec, also trigger KubeRay's Recreate.
+        head["metadata"].setdefault("annotations", {})[CLUSTER_HASH_ANNOTATION] = spec_hash
+        worker["metadata"].setdefault("annotations", {})[CLUSTER_HASH_ANNOTATION] = spec_hash
+    return {
+        "rayVersion": pool.ray.version,
+        # Sizing is the operator's job (from spec.replicas), not the autoscaler's.
+        "enableInTreeAutoscaling": False,
+        # KubeRay (>= 1.5) replaces every pod when the spec minus replicas
+        # changes; it does not touch running pods otherwise.
+        "upgradeStrategy": {"type": "Recreate"},
+        "headGroupSpec": {
+            "serviceType": "ClusterIP",
+            # No env actors on the head: it runs GCS and the pool server.
+            "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
+            "template": head,
+        },
+        "workerGroupSpecs": [{
+            "groupName": WORKER_GROUP,
+            "replicas": workers,
+            "minReplicas": workers,
+            "maxReplicas": workers,
+            # KubeRay passes this through as --resources='{"envpool_env": N}'.
+            "rayStartParams": {"resources": json.dumps(json.dumps({ENV_RESOURCE: env_units}))},
+            "template": worker,
+        }],
+    }
+
+
+def cluster_hash(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> str:
+    """Hash of everything that needs new Ray pods to change.
+
+    That is the RayCluster with the worker count left out (image, Ray version,
+    resources, scheduling, metrics port), plus the env and runtimeEnv: a
+    running actor cannot swap the code it hosts. replicas, envsPerActor,
+    batchWaitMs, autoresetMode, faultTolerance and suspend are not in it; they
+    reach the running pool through the ConfigMap and the worker count.
+    """
+    material = {
+        "cluster": _ray_cluster_spec(pool, settings, workers=0),
+        "env": pool.to_manifest()["env"],
+        "runtimeEnv": dict(pool.ray.runtime_env),
+    }
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def build_ray_cluster(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> dict[str, Any]:
+    """The ``ray.io/v1`` RayCluster: a head (Ray + pool-server sidecar), one worker group.
+
+    Worker replicas: enough workers for ``ceil(replicas / envsPerActor)`` actors
+    at ``envsPerWorker // envsPerActor`` actors per worker (equal to
+    ``ceil(replicas / envsPerWorker)`` when envsPerActor divides envsPerWorker);
+    zero while suspended. The head stays up when suspended so resuming is quick
+    and trainers see a pool that reports Suspended rather than a missing one
+    (KubeRay's own ``spec.suspend`` would delete the head and pool server too).
+    Image, Ray version, resources, env or runtimeEnv changes change the
+    ``envpool.dev/cluster-hash`` annotation in the pod templates, and KubeRay's
+    ``upgradeStrategy: Recreate`` replaces the pods of the same RayCluster
+    (same name, same head Service, so trainers' endpoint stays valid).
+    """
+    spec_hash = cluster_hash(pool, settings)
+    return {
+        "apiVersion": RAY_API_VERSION,
+        "kind": "RayCluster",
+        "metadata": _meta(
+            pool, ray_cluster_name(pool.name), annotations={CLUSTER_HASH_ANNOTATION: spec_hash},
+        ),
+        "spec": _ray_cluster_spec(pool, settings, workers=pool.workers, spec_hash=spec_hash),
+    }
+
+
+def build_children(
+    pool: spec_mod.PoolSpec, settings: settings_mod.Settings,
+) -> list[dict[str, Any]]:
+    """Every child in apply order: RBAC and config before the pods that need them."""
+    return [
+        build_service_account(pool),
+        build_role(pool),
+        build_role_binding(pool),
+        build_config_map(pool),
+        build_ray_cluster(pool, settings),
+    ]

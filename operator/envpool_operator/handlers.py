@@ -1,0 +1,171 @@
+"""kopf handlers: thin decorators over :mod:`envpool_operator.reconcile`.
+
+Run with ``envpool operator`` or ``kopf run -m envpool_operator.handlers``.
+Handlers are plain functions, so kopf runs them in its thread pool and the
+blocking Kubernetes client never stalls the event loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from typing import Any
+
+import kopf
+import prometheus_client
+
+from envpool_operator import builders, kube, reconcile
+from envpool_operator import metrics as metrics_mod
+from envpool_operator import settings as settings_mod
+from envpool_operator import spec as spec_mod
+from envpool_operator import status as status_mod
+
+G, V, P = spec_mod.GROUP, spec_mod.VERSION, spec_mod.PLURAL
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    cfg: settings_mod.Settings = getattr(memo, "envpool_settings", None) or settings_mod.from_env()
+    # Watch streams can stall without an error (kopf issue #614): a proxy or
+    # load balancer drops the TCP connection silently and no event ever comes
+    # again. Ask the API server to end every watch after ~4.5 minutes so it is
+    # re-established regularly ...
+    settings.watching.server_timeout = 270
+    # ... and give up client-side a bit later, in case the server's close
+    # never reaches us either (the half-open connection case).
+    settings.watching.client_timeout = 300
+    # A connect that takes longer than this is a dead endpoint; retry instead
+    # of hanging the watcher for the OS TCP timeout (minutes).
+    settings.watching.connect_timeout = 10
+    # Same bounds for ordinary requests (patches of status and annotations).
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = 10
+    # Kubernetes Events only for warnings and errors: with hundreds of pools
+    # and periodic resyncs, info-level events would flood etcd.
+    settings.posting.level = logging.WARNING
+    settings.posting.loggers = True  # handler errors become Events on the EnvPool
+    # Handler progress and the last-handled spec live in annotations, not in
+    # .status: the pool server owns status.pool and the operator owns the rest.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="envpool.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="envpool.dev", key="last-handled-configuration")
+    settings.persistence.finalizer = "envpool.dev/finalizer"
+    # Handlers are sync (blocking client) and run in this many threads; a
+    # first reconcile is ~12 API calls (dry run, then apply, of 5 children),
+    # so a few threads keep a burst of 200 pools moving without hammering a
+    # small API server.
+    settings.execution.max_workers = 8
+    logging.getLogger("kopf.objects").addFilter(_quiet_event_handlers)
+    kube.configure()
+    registry = prometheus_client.CollectorRegistry()
+    runtime = reconcile.Runtime(settings=cfg, metrics=metrics_mod.OperatorMetrics(registry))
+    runtime.metrics.track_pools(runtime.phases)
+    memo.envpool = runtime
+    if cfg.metrics_port:
+        memo.envpool_metrics_server, _thread = metrics_mod.serve(registry, cfg.metrics_port)
+    memo.envpool_stop = threading.Event()
+    threading.Thread(
+        target=reconcile.resync_loop, name="envpool-resync", daemon=True,
+        args=(runtime, memo.envpool_stop, logging.getLogger("envpool_operator.resync")),
+    ).start()
+    logger.info(f"envpool operator: image={cfg.image} metrics_port={cfg.metrics_port} "
+                f"resync={cfg.resync_seconds:g}s")
+
+
+def _quiet_event_handlers(record: logging.LogRecord) -> bool:
+    # Event handlers run on every watch event; their success is not news.
+    msg = str(record.msg)
+    return not (msg.startswith("Handler '") and "_event_fn' succeeded" in msg)
+
+
+@kopf.on.cleanup()
+def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    stop = getattr(memo, "envpool_stop", None)
+    if stop is not None:
+        stop.set()
+    server = getattr(memo, "envpool_metrics_server", None)
+    if server is not None:
+        server.shutdown()
+
+
+def _runtime(memo: kopf.Memo) -> reconcile.Runtime:
+    runtime: reconcile.Runtime = memo.envpool
+    return runtime
+
+
+@kopf.on.resume(G, V, P)
+@kopf.on.create(G, V, P)
+# Spec changes only: status.pool reports from the pool server must not re-run
+# the whole reconcile. kubectl scale lands here too (spec.replicas): it patches
+# the ConfigMap and the worker count, the hash is unchanged, nothing rolls.
+@kopf.on.update(G, V, P, field="spec")
+def reconcile_fn(
+    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, retry: int, **_: Any,
+) -> None:
+    outcome = reconcile.counted(body, _runtime(memo), logger, retry=retry)
+    patch.status.update(outcome.status)
+    if outcome.error is not None:
+        raise outcome.error  # kopf: PermanentError stops, TemporaryError retries after delay
+
+
+def _status_only(body: kopf.Body, patch: kopf.Patch, runtime: reconcile.Runtime) -> None:
+    key = (body.metadata.namespace or "", body.metadata.name or "")
+    st = reconcile.compute(body, settings=runtime.settings,
+                           ray_cluster=runtime.ray_clusters.get(key), reconciled=False)
+    if status_mod.status_changed(body.status, st):
+        patch.status.update(st)
+        runtime.metrics.status_updates.inc()
+
+
+@kopf.on.event(G, V, P)
+def pool_event_fn(
+    body: kopf.Body, type: str | None, patch: kopf.Patch, memo: kopf.Memo, **_: Any,
+) -> None:
+    """Keep the EnvPool cache fresh; turn pool-server reports into phase/conditions."""
+    runtime = _runtime(memo)
+    key = (body.metadata.namespace or "", body.metadata.name or "")
+    if type == "DELETED":
+        runtime.forget(key)
+        return
+    with runtime.lock:
+        runtime.pools[key] = copy.deepcopy(dict(body))
+    if body.metadata.deletion_timestamp or key not in runtime.ray_clusters:
+        return  # nothing to report yet: the reconcile writes the first status
+    _status_only(body, patch, runtime)
+
+
+@kopf.on.event("ray.io", "v1", "rayclusters", labels={builders.POOL_LABEL: kopf.PRESENT})
+def ray_cluster_event_fn(
+    body: kopf.Body, type: str | None, memo: kopf.Memo, logger: Any, **_: Any,
+) -> None:
+    """KubeRay updated a RayCluster we own: refresh its EnvPool's status.
+
+    If the RayCluster was deleted behind our back while its EnvPool lives on,
+    put it back now rather than at the next resync.
+    """
+    runtime = _runtime(memo)
+    pool_name = body.metadata.labels.get(builders.POOL_LABEL, "")
+    key = (body.metadata.namespace or "", pool_name)
+    rc = None if type == "DELETED" else dict(body)
+    try:
+        reconcile.refresh_from_ray_cluster(rc, key, runtime)
+        if type == "DELETED" and key in runtime.pools:
+            # Re-read first: the EnvPool itself may be what is being deleted.
+            reconcile.reconcile_fresh(key, runtime, logger)
+    except kube.ApiProblem as exc:
+        logger.warning(f"status refresh of EnvPool {key[0]}/{key[1]} failed: {exc}")
+
+
+@kopf.on.delete(G, V, P, optional=True)
+def delete_fn(name: str, namespace: str | None, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    # optional=True: no finalizer. The children go through the garbage
+    # collector (ownerReferences), even if the operator is down.
+    _runtime(memo).forget((namespace or "", name))
+    logger.info(f"EnvPool {namespace}/{name} deleted; its children are garbage-collected")
+
+
+@kopf.on.probe(id="pools")
+def pools_probe(memo: kopf.Memo, **_: Any) -> int:
+    runtime = getattr(memo, "envpool", None)
+    return len(runtime.pools) if runtime is not None else 0

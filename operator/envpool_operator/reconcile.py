@@ -1,0 +1,338 @@
+"""One level-triggered reconcile of an EnvPool, and the status-only refresh.
+
+Called by the kopf handlers in :mod:`envpool_operator.handlers`; the manifests
+come from :mod:`builders`, the status from :mod:`status`, API calls go through
+:mod:`kube`. Running it twice, or after a crash halfway, gives the same
+children: names are derived from the EnvPool and writes are server-side apply.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, cast
+
+import kopf
+
+from envpool_operator import builders, kube
+from envpool_operator import metrics as metrics_mod
+from envpool_operator import settings as settings_mod
+from envpool_operator import spec as spec_mod
+from envpool_operator import status as status_mod
+
+#: Delay before looking again while an old RayCluster is being deleted.
+ROLL_POLL_SECONDS = 2.0
+
+
+@dataclasses.dataclass
+class Runtime:
+    """What handlers share, kept in kopf's ``memo`` (created at operator start-up)."""
+
+    settings: settings_mod.Settings
+    metrics: metrics_mod.OperatorMetrics
+    #: Last seen RayClusters by (namespace, EnvPool name), fed by their watch.
+    ray_clusters: dict[tuple[str, str], dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: Last seen EnvPools by (namespace, name), so a RayCluster event needs no GET.
+    pools: dict[tuple[str, str], dict[str, Any]] = dataclasses.field(default_factory=dict)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    #: One lock per EnvPool: kopf's handlers, the RayCluster watch and the
+    #: resync loop never apply the same pool's children at the same time (an
+    #: older body applied after a newer one would roll the spec back).
+    pool_locks: dict[tuple[str, str], threading.RLock] = dataclasses.field(
+        default_factory=dict)
+
+    def pool_lock(self, key: tuple[str, str]) -> threading.RLock:
+        with self.lock:
+            return self.pool_locks.setdefault(key, threading.RLock())
+
+    def phases(self) -> list[tuple[str, str, str | None]]:
+        """(namespace, name, status.phase) of every known EnvPool, for the metrics."""
+        with self.lock:
+            return [(ns, name, (body.get("status") or {}).get("phase"))
+                    for (ns, name), body in self.pools.items()]
+
+    def forget(self, key: tuple[str, str]) -> None:
+        with self.lock:
+            self.pools.pop(key, None)
+            self.ray_clusters.pop(key, None)
+            self.pool_locks.pop(key, None)
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return any(ref.get("uid") == uid for ref in refs)
+
+
+def _owner_pool_names(obj: Mapping[str, Any]) -> set[str]:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return {ref.get("name", "") for ref in refs if ref.get("kind") == spec_mod.KIND}
+
+
+def _status_of(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    return body.get("status") or {}
+
+
+def parse(body: Mapping[str, Any], settings: settings_mod.Settings) -> spec_mod.PoolSpec:
+    meta = body.get("metadata") or {}
+    return spec_mod.parse_spec(
+        body.get("spec") or {}, name=meta.get("name", ""),
+        namespace=meta.get("namespace", "default"), limits=settings.limits,
+    )
+
+
+def compute(
+    body: Mapping[str, Any],
+    *,
+    settings: settings_mod.Settings,
+    ray_cluster: Mapping[str, Any] | None,
+    reconciled: bool,
+    problem: status_mod.Problem | None = None,
+) -> dict[str, Any]:
+    """The EnvPool's status from its body and its RayCluster (no API calls)."""
+    meta = body.get("metadata") or {}
+    previous = _status_of(body)
+    generation = meta.get("generation")
+    pool: spec_mod.PoolSpec | None = None
+    error: str | None = None
+    try:
+        pool = parse(body, settings)
+    except spec_mod.SpecError as exc:
+        error = str(exc)
+    return status_mod.compute_status(
+        name=meta.get("name", ""),
+        namespace=meta.get("namespace", ""),
+        generation=generation,
+        observed_generation=generation if reconciled else previous.get("observedGeneration"),
+        pool=pool,
+        spec_error=error,
+        ray_cluster=ray_cluster,
+        pool_report=previous.get("pool"),
+        previous=previous,
+        now=_now(),
+        problem=problem,
+        expected_hash=builders.cluster_hash(pool, settings) if pool else None,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """The status to write, and the error to raise after writing it (if any)."""
+
+    status: dict[str, Any]
+    result: str  # a metrics_mod.RESULTS label
+    error: kopf.PermanentError | kopf.TemporaryError | None = None
+
+
+class _Stop(Exception):
+    def __init__(
+        self, problem: status_mod.Problem, delay: float | None,
+        ray_cluster: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(problem.message)
+        self.problem, self.delay, self.ray_cluster = problem, delay, ray_cluster
+
+
+def backoff(delay: float, retry: int, cap: float) -> float:
+    """Retry delay: ``delay`` doubled per earlier retry, at most ``cap`` seconds.
+
+    >>> [backoff(5, r, 60) for r in range(5)]
+    [5.0, 10.0, 20.0, 40.0, 60.0]
+    """
+    return float(min(delay * 2.0 ** min(retry, 16), cap))
+
+
+def ownership_problem(
+    existing: Mapping[str, Any] | None, *, name: str, uid: str,
+) -> tuple[status_mod.Problem, float] | None:
+    """Why the RayCluster named after EnvPool ``name`` must not be applied now, if so.
+
+    Pure: ``existing`` is the RayCluster as read (None if absent). A RayCluster
+    of a deleted EnvPool of the same name is waited for (garbage collection is
+    on its way); one owned by nothing of ours is never taken over.
+    """
+    if existing is None:
+        return None
+    ex_meta = existing.get("metadata") or {}
+    rc_name = ex_meta.get("name", name)
+    if not _owned_by(existing, uid):
+        if name in _owner_pool_names(existing):
+            return status_mod.Problem(
+                "Rolling", f"waiting for the previous EnvPool's RayCluster {rc_name} to be "
+                           "garbage-collected"), ROLL_POLL_SECONDS * 2
+        return status_mod.Problem(
+            "NameConflict", f"a RayCluster named {rc_name} exists and is not owned by this "
+                            "EnvPool; rename one of them"), 60.0
+    if ex_meta.get("deletionTimestamp"):
+        return status_mod.Problem(
+            "Rolling", f"waiting for the old RayCluster {rc_name} to be deleted"), ROLL_POLL_SECONDS
+    return None
+
+
+def reconcile(body: Mapping[str, Any], runtime: Runtime, logger: Any, retry: int = 0) -> Outcome:
+    """Bring the children in line with the spec; say what status to write.
+
+    An invalid spec gives a ``kopf.PermanentError`` outcome and touches no
+    child; KubeRay missing, RBAC/quota refusals and an old RayCluster still
+    going away give a ``kopf.TemporaryError`` whose delay doubles with each
+    ``retry`` (kopf's retry count), up to ``settings.max_retry_seconds``. The
+    caller writes ``status`` first, then raises ``error``.
+    """
+    settings = runtime.settings
+    meta = body.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    try:
+        pool = parse(body, settings)
+    except spec_mod.SpecError as exc:
+        st = compute(body, settings=settings, ray_cluster=runtime.ray_clusters.get(key),
+                     reconciled=True)
+        return Outcome(st, "invalid", kopf.PermanentError(f"invalid EnvPool spec: {exc}"))
+    try:
+        rc = _apply_children(body, pool, runtime)
+    except _Stop as stop:
+        st = compute(body, settings=settings, ray_cluster=stop.ray_cluster, reconciled=False,
+                     problem=stop.problem)
+        if stop.delay is None:
+            return Outcome(st, "error", kopf.PermanentError(stop.problem.message))
+        delay = backoff(stop.delay, retry, settings.max_retry_seconds)
+        logger.warning(f"{stop.problem.reason}: {stop.problem.message}; retrying in {delay:g}s")
+        return Outcome(st, "retry", kopf.TemporaryError(stop.problem.message, delay=delay))
+    with runtime.lock:
+        runtime.ray_clusters[key] = copy.deepcopy(rc)
+    return Outcome(compute(body, settings=settings, ray_cluster=rc, reconciled=True), "success")
+
+
+def _apply_children(
+    body: Mapping[str, Any], pool: spec_mod.PoolSpec, runtime: Runtime,
+) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    name, namespace, uid = meta.get("name", ""), meta.get("namespace", ""), meta.get("uid", "")
+    children = builders.build_children(pool, runtime.settings)
+    kopf.adopt(children, owner=kopf.Body(cast(Any, copy.deepcopy(dict(body)))))
+    try:
+        # Checked first so a cluster without KubeRay gets no half-made children.
+        if not kube.ray_api_available():
+            raise _Stop(status_mod.Problem(
+                "KubeRayMissing",
+                "the ray.io/v1 RayCluster API is not served: install the KubeRay operator "
+                "and its CRDs; retrying"), 30)
+        existing = kube.get_ray_cluster(namespace, builders.ray_cluster_name(name))
+        refusal = ownership_problem(existing, name=name, uid=uid)
+        if refusal is not None:
+            mine = existing if existing is not None and _owned_by(existing, uid) else None
+            raise _Stop(*refusal, ray_cluster=mine)
+        if existing is None:
+            # First creation: let the API server judge every child (quota,
+            # RBAC, schema) before any is written, so a refusal leaves nothing
+            # half-made behind.
+            for child in children:
+                kube.apply(child, dry_run=True)
+        rc: dict[str, Any] = {}
+        for child in children:
+            rc = kube.apply(child)
+    except kube.ApiProblem as exc:
+        raise _Stop(exc.problem, exc.delay) from None
+    return rc
+
+
+def refreshed_status(
+    body: Mapping[str, Any], ray_cluster: Mapping[str, Any] | None,
+    settings: settings_mod.Settings,
+) -> dict[str, Any] | None:
+    """The status to patch after a RayCluster event, or None if nothing would change.
+
+    A refresh never claims a generation: only a reconcile that applied the
+    children writes ``observedGeneration``.
+    """
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    st = compute(body, settings=settings, ray_cluster=ray_cluster, reconciled=False)
+    return st if status_mod.status_changed(_status_of(body), st) else None
+
+
+def refresh_from_ray_cluster(
+    ray_cluster: Mapping[str, Any] | None, pool_key: tuple[str, str], runtime: Runtime,
+) -> None:
+    """A RayCluster changed: recompute its EnvPool's status and patch it if different."""
+    with runtime.lock:
+        if ray_cluster is None:
+            runtime.ray_clusters.pop(pool_key, None)
+        else:
+            runtime.ray_clusters[pool_key] = copy.deepcopy(dict(ray_cluster))
+        known = pool_key in runtime.pools
+    if not known:
+        return
+    with runtime.pool_lock(pool_key):
+        body = runtime.pools.get(pool_key)
+        st = None if body is None else refreshed_status(body, ray_cluster, runtime.settings)
+        if st is not None:
+            kube.patch_envpool_status(pool_key[0], pool_key[1], st)
+            runtime.metrics.status_updates.inc()
+
+
+def counted(body: Mapping[str, Any], runtime: Runtime, logger: Any, retry: int = 0) -> Outcome:
+    """:func:`reconcile` under the pool's lock, counted in the operator metrics."""
+    meta = body.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    started = time.perf_counter()
+    result = "error"
+    try:
+        with runtime.pool_lock(key):
+            outcome = reconcile(body, runtime, logger, retry=retry)
+        result = outcome.result
+        return outcome
+    finally:
+        runtime.metrics.reconciles.labels(result=result).inc()
+        runtime.metrics.reconcile_duration.observe(time.perf_counter() - started)
+
+
+def reconcile_fresh(key: tuple[str, str], runtime: Runtime, logger: Any) -> Outcome | None:
+    """Re-read EnvPool ``key`` and reconcile it outside kopf (resync, lost RayCluster).
+
+    The fresh read keeps a cached body from re-creating the children of an
+    EnvPool that was just deleted (their owner would be gone) or from
+    applying an older spec. Returns None when there is nothing to reconcile.
+    """
+    ns, name = key
+    with runtime.pool_lock(key):
+        body = kube.get(spec_mod.API_VERSION, spec_mod.KIND, ns, name)
+        if body is None:
+            runtime.forget(key)
+            return None
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        with runtime.lock:
+            runtime.pools[key] = copy.deepcopy(body)
+        outcome = counted(body, runtime, logger)
+        if status_mod.status_changed(_status_of(body), outcome.status):
+            kube.patch_envpool_status(ns, name, outcome.status)
+            runtime.metrics.status_updates.inc()
+        return outcome
+
+
+def resync_loop(runtime: Runtime, stop: threading.Event, logger: Any) -> None:
+    """Every ``resync_seconds``, reconcile every known EnvPool (level-triggered repair).
+
+    One loop for the whole operator rather than a kopf timer per object:
+    kopf timers put a finalizer on every EnvPool, and a finalizer would block
+    deleting pools while the operator is down.
+    """
+    while not stop.wait(runtime.settings.resync_seconds):
+        with runtime.lock:
+            keys = sorted(runtime.pools)
+        for key in keys:
+            if stop.is_set():
+                return
+            try:
+                reconcile_fresh(key, runtime, logger)
+            except kube.ApiProblem as exc:
+                logger.warning(f"resync of EnvPool {key[0]}/{key[1]}: {exc}")
+            except Exception:
+                logger.exception(f"resync of EnvPool {key[0]}/{key[1]} failed")

@@ -1,0 +1,84 @@
+"""Operator settings, read from environment variables (the Helm chart sets them).
+
+``ENVPOOL_IMAGE`` is the one image setting shared with the chart: the operator
+and the pool servers it starts run the same image (Ray base plus this package).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from envpool_operator import spec as spec_mod
+
+DEFAULT_IMAGE = "ghcr.io/envpool-dev/envpool:0.1.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    #: Image for the Ray head, the workers and the pool-server sidecar when an
+    #: EnvPool leaves ``spec.ray.image`` empty.
+    image: str = DEFAULT_IMAGE
+    #: Namespaces to watch; empty means all namespaces.
+    namespaces: tuple[str, ...] = ()
+    #: Port of the operator's own /metrics.
+    metrics_port: int = 8000
+    #: Seconds between level-triggered resyncs of every EnvPool (re-apply of
+    #: its children). Events drive the normal path; this only repairs drift
+    #: and missed events, and costs ~6 API calls per pool, so it is slow.
+    resync_seconds: float = 300.0
+    #: Longest delay between retries of a reconcile that hit a transient
+    #: problem (KubeRay missing, quota, RBAC); delays double up to this.
+    max_retry_seconds: float = 120.0
+    #: Most worker pods a single EnvPool may ask for (a quota the CRD cannot know).
+    max_workers_per_pool: int = 1000
+    #: imagePullPolicy for pods the operator creates.
+    image_pull_policy: str = "IfNotPresent"
+
+    @property
+    def limits(self) -> spec_mod.Limits:
+        return spec_mod.Limits(max_workers=self.max_workers_per_pool)
+
+
+def _int(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{key} must be an integer, got {raw!r}") from None
+
+
+def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{key} must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"{key} must be > 0, got {raw!r}")
+    return value
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from ``env`` (default ``os.environ``); raises ValueError on bad values."""
+    env = os.environ if env is None else env
+    namespaces = tuple(
+        ns.strip() for ns in env.get("ENVPOOL_WATCH_NAMESPACES", "").split(",") if ns.strip()
+    )
+    resync = _seconds(env, "ENVPOOL_RESYNC_SECONDS", Settings.resync_seconds)
+    return Settings(
+        image=env.get("ENVPOOL_IMAGE", "").strip() or DEFAULT_IMAGE,
+        namespaces=namespaces,
+        metrics_port=_int(env, "ENVPOOL_OPERATOR_METRICS_PORT", Settings.metrics_port),
+        resync_seconds=resync,
+        max_retry_seconds=_seconds(
+            env, "ENVPOOL_MAX_RETRY_SECONDS", Settings.max_retry_seconds),
+        max_workers_per_pool=_int(
+            env, "ENVPOOL_MAX_WORKERS_PER_POOL", Settings.max_workers_per_pool),
+        image_pull_policy=env.get("ENVPOOL_IMAGE_PULL_POLICY", "").strip() or "IfNotPresent",
+    )

@@ -1,0 +1,354 @@
+"""Pure status logic: RayCluster status + pool-server report -> EnvPool status.
+
+Inputs are plain dicts (the RayCluster as read from the API, the ``status.pool``
+report the pool server writes); the output is the EnvPool status fields to
+merge-patch. Conditions keep their ``lastTransitionTime`` while their status
+does not change::
+
+    >>> import datetime
+    >>> now = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    >>> compute_status(name="cp", namespace="ns", generation=1, observed_generation=1,
+    ...                pool=None, spec_error="spec.replicas: required", ray_cluster=None,
+    ...                pool_report=None, previous={}, now=now)["phase"]
+    'Failed'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from envpool_operator import builders
+from envpool_operator import spec as spec_mod
+
+PENDING: Final = "Pending"
+PROVISIONING: Final = "Provisioning"
+READY: Final = "Ready"
+DEGRADED: Final = "Degraded"
+FAILED: Final = "Failed"
+SUSPENDED: Final = "Suspended"
+PHASES: Final = (PENDING, PROVISIONING, READY, DEGRADED, FAILED, SUSPENDED)
+
+COND_READY: Final = "Ready"
+COND_SPEC_VALID: Final = "SpecValid"
+COND_RAY_CLUSTER_READY: Final = "RayClusterReady"
+COND_POOL_SERVER_READY: Final = "PoolServerReady"
+CONDITION_TYPES: Final = (COND_READY, COND_SPEC_VALID, COND_RAY_CLUSTER_READY,
+                          COND_POOL_SERVER_READY)
+
+#: A pool report older than this is not trusted (the server reports every few seconds).
+REPORT_STALE_AFTER: Final = datetime.timedelta(seconds=120)
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Why the operator could not (yet) reconcile the children; retried with backoff."""
+
+    reason: str  # KubeRayMissing, Forbidden, QuotaExceeded, Invalid, ApiError, Rolling, ...
+    message: str
+
+
+def rfc3339(now: datetime.datetime) -> str:
+    return now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: Any) -> datetime.datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+    return parsed
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _condition_true(rc_status: Mapping[str, Any], ctype: str) -> bool | None:
+    for cond in rc_status.get("conditions") or ():
+        if isinstance(cond, Mapping) and cond.get("type") == ctype:
+            return bool(cond.get("status") == "True")
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cond:
+    type: str
+    ok: bool | None  # None: Unknown
+    reason: str
+    message: str
+
+
+def ray_cluster_condition(
+    ray_cluster: Mapping[str, Any] | None, *, expected_workers: int | None,
+    expected_hash: str | None, problem: Problem | None,
+) -> tuple[_Cond, bool]:
+    """RayClusterReady from KubeRay's status; the bool says it went Failed.
+
+    Ready means: KubeRay has seen this generation, its RayClusterProvisioned
+    and HeadPodReady conditions are True, and ``readyWorkerReplicas`` covers
+    the workers the spec asks for. The head pod is Ready only when every
+    container is, the pool-server sidecar's readiness probe included.
+    KubeRay's ``status.state`` stays "ready" once reached (it is not reset
+    when pods go away), so it is used only when KubeRay writes no conditions.
+    """
+    t = COND_RAY_CLUSTER_READY
+    if problem is not None:
+        return _Cond(t, False, problem.reason, problem.message), False
+    if ray_cluster is None:
+        return _Cond(t, False, "NotCreated", "the RayCluster has not been created yet"), False
+    meta = ray_cluster.get("metadata") or {}
+    name = meta.get("name", "?")
+    if meta.get("deletionTimestamp"):
+        return _Cond(t, False, "Deleting", f"RayCluster {name} is being deleted"), False
+    have_hash = (meta.get("annotations") or {}).get(builders.CLUSTER_HASH_ANNOTATION)
+    if expected_hash is not None and have_hash != expected_hash:
+        return _Cond(t, False, "Updating",
+                     f"RayCluster {name} does not reflect the new spec yet"), False
+    rc_status: Mapping[str, Any] = ray_cluster.get("status") or {}
+    seen_gen = _int(rc_status.get("observedGeneration"))
+    generation = _int(meta.get("generation"))
+    if generation and seen_gen < generation:
+        return _Cond(t, False, "Updating",
+                     f"KubeRay has not reconciled RayCluster {name} generation {generation} "
+                     f"yet (observed {seen_gen})"), False
+    state = rc_status.get("state")
+    if state == "failed":
+        reason = rc_status.get("reason") or "KubeRay reports state failed"
+        return _Cond(t, False, "RayClusterFailed", f"RayCluster {name}: {reason}"), True
+    head_ready = _condition_true(rc_status, "HeadPodReady")
+    provisioned = _condition_true(rc_status, "RayClusterProvisioned")
+    # omitempty: KubeRay leaves the field out when no worker is ready.
+    ready_workers = _int(rc_status.get("readyWorkerReplicas"))
+    want = expected_workers if expected_workers is not None else _int(
+        rc_status.get("desiredWorkerReplicas"))
+    if head_ready is None:
+        # KubeRay without status conditions (feature gate off): the sticky state only.
+        head_ok = state == "ready"
+        provisioned = head_ok
+    else:
+        head_ok = head_ready
+    if head_ok and provisioned and ready_workers >= want:
+        return _Cond(t, True, "RayClusterReady",
+                     f"RayCluster {name}: head ready, {ready_workers}/{want} workers ready"), False
+    failure = _condition_true(rc_status, "ReplicaFailure")
+    if failure:
+        msg = next((c.get("message", "") for c in rc_status.get("conditions") or ()
+                    if isinstance(c, Mapping) and c.get("type") == "ReplicaFailure"), "")
+        return _Cond(t, False, "ReplicaFailure", f"RayCluster {name}: {msg}".strip()), False
+    head = "ready" if head_ok else "not ready"
+    first = "" if provisioned else " (first provisioning)"
+    return _Cond(t, False, "Provisioning",
+                 f"RayCluster {name}: head {head}, {ready_workers}/{want} workers "
+                 f"ready{first}"), False
+
+
+def estimated_ready_envs(pool: spec_mod.PoolSpec, ray_cluster: Mapping[str, Any] | None) -> int:
+    """Envs the ready pods can host, for when the pool server has not reported.
+
+    Zero unless the head (and so the pool-server sidecar) is ready; then the
+    ready workers' actor slots, capped at ``replicas``.
+    """
+    if pool.suspend or ray_cluster is None:
+        return 0
+    rc_status: Mapping[str, Any] = ray_cluster.get("status") or {}
+    head = _condition_true(rc_status, "HeadPodReady")
+    if not (head if head is not None else rc_status.get("state") == "ready"):
+        return 0
+    slots = _int(rc_status.get("readyWorkerReplicas")) * pool.actors_per_worker
+    return min(pool.replicas, slots * pool.envs_per_actor)
+
+
+def fresh_report(
+    report: Mapping[str, Any] | None, now: datetime.datetime,
+) -> Mapping[str, Any] | None:
+    """The pool server's report if it is recent enough to trust, else None."""
+    if not report:
+        return None
+    updated = _parse_time(report.get("updatedAt"))
+    if updated is None or now - updated > REPORT_STALE_AFTER:
+        return None
+    return report
+
+
+def pool_server_condition(
+    report: Mapping[str, Any] | None, *, expected_envs: int, now: datetime.datetime,
+) -> _Cond:
+    """PoolServerReady from ``status.pool``; Unknown while the pool server has not reported.
+
+    Without a report, readiness rests on the head pod's readiness probe (the
+    sidecar's ``/healthz``) and the RayCluster; a report refines it with the
+    pool server's own count of ready envs.
+    """
+    t = COND_POOL_SERVER_READY
+    if not report:
+        return _Cond(t, None, "NoReport",
+                     "the pool server has not reported yet; readiness comes from the head "
+                     "pod (pool-server readiness probe) and the RayCluster")
+    if fresh_report(report, now) is None:
+        when = report.get("updatedAt", "never")
+        return _Cond(t, False, "ReportStale",
+                     f"the pool server's last report ({when}) is older than "
+                     f"{int(REPORT_STALE_AFTER.total_seconds())}s")
+    ready = _int(report.get("readyEnvs"))
+    desired = _int(report.get("desiredEnvs"))
+    if desired != expected_envs:
+        return _Cond(t, False, "Scaling",
+                     f"the pool server is sized for {desired} envs, spec asks {expected_envs}")
+    if ready >= expected_envs:
+        return _Cond(t, True, "AllEnvsReady", f"{ready}/{expected_envs} envs ready")
+    err = report.get("lastError")
+    suffix = f"; last error: {err}" if err else ""
+    return _Cond(t, False, "EnvsNotReady", f"{ready}/{expected_envs} envs ready{suffix}")
+
+
+def _merge_conditions(
+    new: Sequence[_Cond], previous: Any, *, now: str, generation: int | None,
+) -> list[dict[str, Any]]:
+    old = {c.get("type"): c for c in previous or () if isinstance(c, Mapping)}
+    out: list[dict[str, Any]] = []
+    for cond in new:
+        status = "Unknown" if cond.ok is None else ("True" if cond.ok else "False")
+        prev = old.get(cond.type)
+        same = prev is not None and prev.get("status") == status
+        item: dict[str, Any] = {
+            "type": cond.type,
+            "status": status,
+            "reason": cond.reason,
+            "message": cond.message,
+            "lastTransitionTime": prev.get("lastTransitionTime", now) if same and prev else now,
+        }
+        if generation is not None:
+            item["observedGeneration"] = generation
+        out.append(item)
+    return out
+
+
+def compute_status(
+    *,
+    name: str,
+    namespace: str,
+    generation: int | None,
+    observed_generation: int | None,
+    pool: spec_mod.PoolSpec | None,
+    spec_error: str | None,
+    ray_cluster: Mapping[str, Any] | None,
+    pool_report: Mapping[str, Any] | None,
+    previous: Mapping[str, Any],
+    now: datetime.datetime,
+    problem: Problem | None = None,
+    expected_hash: str | None = None,
+) -> dict[str, Any]:
+    """EnvPool status fields (to merge-patch) from what is known right now.
+
+    Args:
+        generation: the EnvPool's ``metadata.generation``.
+        observed_generation: the generation whose spec the children reflect
+            (the reconcile passes ``generation``; a status-only refresh passes
+            the previous ``status.observedGeneration``).
+        pool: the parsed spec, or None when ``spec_error`` says why it is invalid.
+        ray_cluster: the RayCluster child as read, or None if absent.
+        pool_report: ``status.pool`` as written by the pool server.
+        previous: the current EnvPool ``status`` (for lastTransitionTime and phase history).
+        problem: a transient reconcile failure (KubeRay missing, forbidden, quota).
+        expected_hash: the cluster hash the spec wants; a mismatch means rolling.
+    """
+    stamp = rfc3339(now)
+    if spec_error is not None or pool is None:
+        spec_cond = _Cond(COND_SPEC_VALID, False, "InvalidSpec", spec_error or "invalid spec")
+    else:
+        spec_cond = _Cond(COND_SPEC_VALID, True, "Valid", "the spec is valid")
+
+    rc_cond, rc_failed = ray_cluster_condition(
+        ray_cluster,
+        expected_workers=pool.workers if pool else None,
+        expected_hash=expected_hash,
+        problem=problem,
+    )
+    expected_envs = 0 if pool is None or pool.suspend else pool.replicas
+    pool_cond = pool_server_condition(pool_report, expected_envs=expected_envs, now=now)
+    prev_phase = previous.get("phase")
+
+    if pool is None:
+        phase, ready_cond = FAILED, _Cond(COND_READY, False, "InvalidSpec",
+                                          "fix the spec: " + spec_cond.message)
+    elif rc_failed:
+        phase, ready_cond = FAILED, _Cond(COND_READY, False, rc_cond.reason, rc_cond.message)
+    elif problem is not None or ray_cluster is None:
+        phase, ready_cond = PENDING, _Cond(COND_READY, False, rc_cond.reason, rc_cond.message)
+    elif pool.suspend:
+        phase, ready_cond = SUSPENDED, _Cond(COND_READY, False, "Suspended",
+                                             "spec.suspend is true: workers scaled to zero")
+    elif rc_cond.ok and pool_cond.ok is not False:
+        message = pool_cond.message if pool_cond.ok else (
+            f"{rc_cond.message}; the pool server has not reported yet")
+        phase, ready_cond = READY, _Cond(COND_READY, True, "PoolReady", message)
+    else:
+        failing = rc_cond if not rc_cond.ok else pool_cond
+        served_hash = previous.get("clusterHash")
+        if (failing is rc_cond and served_hash and expected_hash
+                and served_hash != expected_hash):
+            # KubeRay is replacing the pods for a new image/env: not a fault.
+            rc_cond = _Cond(rc_cond.type, False, "Rolling",
+                            f"{rc_cond.message} (rolling to a new image/env spec)")
+            failing = rc_cond
+        was_serving = prev_phase in (READY, DEGRADED)
+        lost_envs = failing is pool_cond and pool_cond.reason in ("EnvsNotReady", "ReportStale")
+        lost_cluster = failing is rc_cond and rc_cond.reason in ("Provisioning", "ReplicaFailure")
+        phase = DEGRADED if was_serving and (lost_envs or lost_cluster) else PROVISIONING
+        ready_cond = _Cond(COND_READY, False, failing.reason, failing.message)
+
+    conditions = _merge_conditions(
+        [ready_cond, spec_cond, rc_cond, pool_cond],
+        previous.get("conditions"),
+        now=stamp,
+        generation=generation,
+    )
+    report = fresh_report(pool_report, now)
+    if report is not None:
+        ready_envs, sized_for = _int(report.get("readyEnvs")), _int(report.get("desiredEnvs"))
+    elif pool is not None and ray_cluster is not None:
+        ready_envs = estimated_ready_envs(pool, ray_cluster)
+        sized_for = 0 if pool.suspend else pool.replicas
+    else:
+        ready_envs, sized_for = 0, 0
+    rc_name = (ray_cluster or {}).get("metadata", {}).get("name") if ray_cluster else None
+    endpoint = None
+    if ray_cluster is not None:
+        head = ((ray_cluster.get("status") or {}).get("head") or {})
+        svc = head.get("serviceName") or builders.head_service_name(name)
+        endpoint = f"ray://{svc}.{namespace}.svc:{builders.RAY_CLIENT_PORT}"
+    out: dict[str, Any] = {
+        "phase": phase,
+        "message": ready_cond.message,
+        # The scale subresource's current size: what the pool server says it
+        # runs, else what the applied RayCluster is sized for.
+        "replicas": sized_for,
+        "readyEnvs": ready_envs,
+        "desiredEnvs": pool.replicas if pool else None,
+        "workers": pool.workers if pool else None,
+        "selector": builders.selector(name),
+        "rayCluster": rc_name,
+        "endpoint": endpoint,
+        "conditions": conditions,
+        "observedGeneration": observed_generation,
+        # The cluster hash last seen ready: a later mismatch means a roll.
+        "clusterHash": expected_hash if rc_cond.ok else previous.get("clusterHash"),
+    }
+    # Never clear these by merge-patching null: a refresh computed from a
+    # slightly stale body must not erase what a reconcile just wrote.
+    for sticky in ("observedGeneration", "clusterHash"):
+        if out[sticky] is None:
+            del out[sticky]
+    return out
+
+
+def status_changed(current: Mapping[str, Any], computed: Mapping[str, Any]) -> bool:
+    """True if merge-patching ``computed`` onto ``current`` would change anything."""
+    return any(current.get(key) != value for key, value in computed.items())

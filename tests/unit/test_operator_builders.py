@@ -1,0 +1,222 @@
+"""envpool_operator.builders: manifests built from a PoolSpec, checked as plain dicts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from envpool_operator import builders, settings, spec
+
+SETTINGS = settings.Settings(image="registry.example/envpool:1.0")
+
+
+def _pool(name: str = "cp", **over: Any) -> spec.PoolSpec:
+    raw: dict[str, Any] = {"env": {"id": "CartPole-v1"}, "replicas": 100, "envsPerActor": 8}
+    raw.update(over)
+    return spec.parse_spec(raw, name=name, namespace="team-a")
+
+
+def _head(rc: dict[str, Any]) -> dict[str, Any]:
+    tpl: dict[str, Any] = rc["spec"]["headGroupSpec"]["template"]
+    return tpl
+
+
+def _containers(rc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in _head(rc)["spec"]["containers"]}
+
+
+def test_config_map_holds_the_full_pool_document() -> None:
+    cm = builders.build_config_map(_pool())
+    assert cm["metadata"]["name"] == "cp-pool"
+    assert cm["metadata"]["namespace"] == "team-a"
+    doc = yaml.safe_load(cm["data"]["pool.yaml"])
+    assert doc["kind"] == "EnvPool" and doc["apiVersion"] == "envpool.dev/v1alpha1"
+    assert doc["metadata"] == {"name": "cp", "namespace": "team-a"}
+    assert doc["spec"]["replicas"] == 100
+    assert doc["spec"]["envsPerActor"] == 8
+    assert doc["spec"]["faultTolerance"]["restartFailedEnvs"] is True
+    # the document parses back to the same spec
+    assert spec.parse_spec(doc["spec"], name="cp", namespace="team-a") == _pool()
+
+
+def test_ray_cluster_groups_and_sizes() -> None:
+    rc = builders.build_ray_cluster(_pool(), SETTINGS)
+    assert rc["apiVersion"] == "ray.io/v1" and rc["kind"] == "RayCluster"
+    assert rc["metadata"]["name"] == "cp"
+    assert rc["spec"]["rayVersion"] == "2.60.0"
+    assert rc["spec"]["enableInTreeAutoscaling"] is False
+    assert rc["spec"]["upgradeStrategy"] == {"type": "Recreate"}
+    groups = rc["spec"]["workerGroupSpecs"]
+    assert [g["groupName"] for g in groups] == ["envs"]
+    # 100 envs / 64 per worker -> 2 workers, pinned (no autoscaler)
+    assert groups[0]["replicas"] == groups[0]["minReplicas"] == groups[0]["maxReplicas"] == 2
+    # head hosts no env actors; workers advertise env slots
+    assert rc["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    res = json.loads(json.loads(groups[0]["rayStartParams"]["resources"]))
+    assert res == {builders.ENV_RESOURCE: 64}
+
+
+def test_suspend_keeps_head_and_zeroes_workers() -> None:
+    rc = builders.build_ray_cluster(_pool(suspend=True), SETTINGS)
+    assert rc["spec"]["workerGroupSpecs"][0]["replicas"] == 0
+    assert "suspend" not in rc["spec"]  # KubeRay's suspend would delete the head too
+    assert _containers(rc)["pool-server"]
+
+
+def test_head_runs_pool_server_sidecar() -> None:
+    rc = builders.build_ray_cluster(_pool(metrics={"port": 9100}), SETTINGS)
+    containers = _head(rc)["spec"]["containers"]
+    assert containers[0]["name"] == "ray-head"  # KubeRay: containers[0] is Ray
+    side = _containers(rc)["pool-server"]
+    assert side["command"] == ["envpool", "serve", "--config", "/etc/envpool/pool.yaml"]
+    # the pool server takes its port from the config it mounts
+    cm = builders.build_config_map(_pool(metrics={"port": 9100}))
+    assert yaml.safe_load(cm["data"]["pool.yaml"])["spec"]["metrics"]["port"] == 9100
+    assert side["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert side["ports"] == [{"name": "metrics", "containerPort": 9100, "protocol": "TCP"}]
+    assert {"name": "pool-config", "mountPath": "/etc/envpool", "readOnly": True} in side[
+        "volumeMounts"]
+    vols = {v["name"]: v for v in _head(rc)["spec"]["volumes"]}
+    assert vols["pool-config"]["configMap"]["name"] == "cp-pool"
+    env = {e["name"]: e for e in side["env"]}
+    assert env["ENVPOOL_POOL_NAME"]["value"] == "cp"
+    assert env["ENVPOOL_POOL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert env["RAY_ADDRESS"]["value"] == "127.0.0.1:6379"
+    ann = _head(rc)["metadata"]["annotations"]
+    assert ann["prometheus.io/port"] == "9100" and ann["prometheus.io/scrape"] == "true"
+
+
+def test_image_defaults_to_the_operator_setting_and_can_be_overridden() -> None:
+    rc = builders.build_ray_cluster(_pool(), SETTINGS)
+    assert {c["image"] for c in _head(rc)["spec"]["containers"]} == {"registry.example/envpool:1.0"}
+    own = builders.build_ray_cluster(_pool(ray={"image": "me/mine:2"}), SETTINGS)
+    worker = own["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert worker["image"] == "me/mine:2"
+
+
+def test_labels_on_everything() -> None:
+    pool = _pool(name="p1")
+    rc = builders.build_ray_cluster(pool, SETTINGS)
+    want = {"app.kubernetes.io/name": "envpool", "app.kubernetes.io/instance": "p1",
+            "envpool.dev/pool": "p1"}
+    for labels in (
+        rc["metadata"]["labels"],
+        _head(rc)["metadata"]["labels"],
+        rc["spec"]["workerGroupSpecs"][0]["template"]["metadata"]["labels"],
+        *(child["metadata"]["labels"] for child in builders.build_children(pool, SETTINGS)),
+    ):
+        assert want.items() <= labels.items()
+    assert builders.selector("p1") == "envpool.dev/pool=p1"
+
+
+def test_restricted_security_context() -> None:
+    rc = builders.build_ray_cluster(_pool(), SETTINGS)
+    templates = [_head(rc), rc["spec"]["workerGroupSpecs"][0]["template"]]
+    for tpl in templates:
+        pod = tpl["spec"]["securityContext"]
+        assert pod["runAsNonRoot"] is True
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in tpl["spec"]["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert _containers(rc)["pool-server"]["securityContext"]["readOnlyRootFilesystem"] is True
+    # only the head (pool server) gets an API token
+    assert _head(rc)["spec"]["automountServiceAccountToken"] is True
+    assert templates[1]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_resources_pass_through_or_default() -> None:
+    pool = _pool(ray={"worker": {"resources": {"requests": {"cpu": "3"}, "limits": {"cpu": 3}}}})
+    rc = builders.build_ray_cluster(pool, SETTINGS)
+    worker = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert worker["resources"] == {"requests": {"cpu": "3"}, "limits": {"cpu": "3"}}
+    head = _containers(rc)["ray-head"]
+    assert head["resources"] == builders.DEFAULT_HEAD_RESOURCES
+
+
+def test_scheduling_fields_only_on_workers() -> None:
+    tol = {"key": "dedicated", "operator": "Equal", "value": "sim", "effect": "NoSchedule"}
+    pool = _pool(ray={"worker": {"nodeSelector": {"pool": "sim"}, "tolerations": [tol]}})
+    rc = builders.build_ray_cluster(pool, SETTINGS)
+    wspec = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert wspec["nodeSelector"] == {"pool": "sim"}
+    assert wspec["tolerations"] == [tol]
+    assert "nodeSelector" not in _head(rc)["spec"]
+
+
+def test_rbac_is_least_privilege_for_own_envpool() -> None:
+    pool = _pool(name="p1")
+    role = builders.build_role(pool)
+    for rule in role["rules"]:
+        assert rule["resourceNames"] == ["p1"]
+        assert set(rule["verbs"]) <= {"get", "watch", "patch"}
+    assert {r for rule in role["rules"] for r in rule["resources"]} == {
+        "envpools", "envpools/status"}
+    binding = builders.build_role_binding(pool)
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == "p1-pool-server"
+    rc = builders.build_ray_cluster(pool, SETTINGS)
+    assert _head(rc)["spec"]["serviceAccountName"] == "p1-pool-server"
+
+
+def test_children_order_and_kinds() -> None:
+    kinds = [c["kind"] for c in builders.build_children(_pool(), SETTINGS)]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "RayCluster"]
+
+
+def _hash(**over: Any) -> str:
+    return builders.cluster_hash(_pool(**over), SETTINGS)
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"replicas": 500},
+        {"envsPerActor": 4},
+        {"batchWaitMs": 50},
+        {"autoresetMode": "SameStep"},
+        {"faultTolerance": {"maxRestarts": 3}},
+        {"suspend": True},
+    ],
+)
+def test_hash_ignores_what_the_running_pool_can_absorb(over: dict[str, Any]) -> None:
+    assert _hash(**over) == _hash()
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"ray": {"image": "other:1"}},
+        {"ray": {"version": "2.61.0"}},
+        {"ray": {"worker": {"resources": {"requests": {"cpu": "8"}}}}},
+        {"ray": {"worker": {"envsPerWorker": 32}}},
+        {"ray": {"runtimeEnv": {"pip": ["numpy"]}}},
+        {"env": {"id": "Acrobot-v1"}},
+        {"env": {"id": "CartPole-v1", "kwargs": {"render_mode": "rgb_array"}}},
+        {"metrics": {"port": 9000}},
+    ],
+)
+def test_hash_changes_for_what_needs_new_pods(over: dict[str, Any]) -> None:
+    assert _hash(**over) != _hash()
+
+
+def test_hash_is_on_cluster_and_pod_templates() -> None:
+    rc = builders.build_ray_cluster(_pool(), SETTINGS)
+    h = rc["metadata"]["annotations"][builders.CLUSTER_HASH_ANNOTATION]
+    assert h == _hash()
+    assert _head(rc)["metadata"]["annotations"][builders.CLUSTER_HASH_ANNOTATION] == h
+    wt = rc["spec"]["workerGroupSpecs"][0]["template"]
+    assert wt["metadata"]["annotations"][builders.CLUSTER_HASH_ANNOTATION] == h
+
+
+def test_builders_are_deterministic_and_do_not_share_state() -> None:
+    a = builders.build_ray_cluster(_pool(), SETTINGS)
+    a["spec"]["headGroupSpec"]["template"]["spec"]["volumes"].clear()
+    b = builders.build_ray_cluster(_pool(), SETTINGS)
+    assert b["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+    assert json.dumps(b, sort_keys=True) == json.dumps(
+        builders.build_ray_cluster(_pool(), SETTINGS), sort_keys=True)

@@ -1,0 +1,150 @@
+"""The CRD file and the examples: names that are contracts, schema vs spec.py defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from envpool_operator import spec
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "manifests" / "crd" / "envpool.dev_envpools.yaml"
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
+    return loaded
+
+
+def _version(crd: dict[str, Any]) -> dict[str, Any]:
+    (version,) = crd["spec"]["versions"]
+    assert isinstance(version, dict)
+    return version
+
+
+def _spec_schema(crd: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = _version(crd)["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return schema
+
+
+def test_names_are_the_contract(crd: dict[str, Any]) -> None:
+    assert crd["metadata"]["name"] == "envpools.envpool.dev"
+    names = crd["spec"]["names"]
+    assert crd["spec"]["group"] == spec.GROUP
+    assert (names["kind"], names["plural"], names["singular"]) == ("EnvPool", "envpools", "envpool")
+    assert names["shortNames"] == ["epool"]  # never "ep" (Endpoints)
+    assert "all" in names["categories"]
+    assert _version(crd)["name"] == spec.VERSION
+
+
+def test_subresources(crd: dict[str, Any]) -> None:
+    sub = _version(crd)["subresources"]
+    assert sub["status"] == {}
+    assert sub["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+
+
+def test_status_preserves_unknown_fields_for_kopf(crd: dict[str, Any]) -> None:
+    st = _version(crd)["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert st["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_printer_columns(crd: dict[str, Any]) -> None:
+    cols = {c["name"]: c for c in _version(crd)["additionalPrinterColumns"]}
+    assert cols["Phase"]["jsonPath"] == ".status.phase"
+    assert cols["Ready"]["jsonPath"] == ".status.readyEnvs"
+    assert cols["Desired"]["jsonPath"] == ".spec.replicas"
+    assert cols["RayCluster"]["jsonPath"] == ".status.rayCluster"
+    assert cols["Age"]["type"] == "date"
+
+
+def test_phase_enum_matches_status_module(crd: dict[str, Any]) -> None:
+    from envpool_operator import status
+
+    st = _version(crd)["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert tuple(st["properties"]["phase"]["enum"]) == status.PHASES
+
+
+def _defaults(schema: dict[str, Any]) -> Any:
+    """What the API server's structural defaulting would produce for an empty object."""
+    out: dict[str, Any] = {}
+    for key, prop in (schema.get("properties") or {}).items():
+        if "default" in prop:
+            value = prop["default"]
+            if isinstance(value, dict) and prop.get("type") == "object":
+                value = {**_defaults(prop), **value}
+            out[key] = value
+    return out
+
+
+def test_crd_defaults_agree_with_spec_module(crd: dict[str, Any]) -> None:
+    schema = _spec_schema(crd)
+    defaulted = {**_defaults(schema), "env": {"id": "CartPole-v1"}, "replicas": 16}
+    from_crd = spec.parse_spec(defaulted, name="cp")
+    from_code = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 16}, name="cp")
+    assert from_crd == from_code
+    assert defaulted["ray"]["worker"]["envsPerWorker"] == spec.DEFAULT_ENVS_PER_WORKER
+    assert defaulted["ray"]["version"] == spec.DEFAULT_RAY_VERSION
+    assert defaulted["metrics"]["port"] == spec.DEFAULT_METRICS_PORT
+
+
+def test_crd_ranges_agree_with_spec_module(crd: dict[str, Any]) -> None:
+    props = _spec_schema(crd)["properties"]
+    assert (props["replicas"]["minimum"], props["replicas"]["maximum"]) == (1, spec.MAX_REPLICAS)
+    assert props["autoresetMode"]["enum"] == list(spec.AUTORESET_MODES)
+    assert "envsPerActor" not in _defaults(_spec_schema(crd))  # min(8, replicas) in code
+    name = _version(crd)["schema"]["openAPIV3Schema"]["properties"]["metadata"]["properties"][
+        "name"]
+    rules = [v["rule"] for v in name["x-kubernetes-validations"]]
+    assert any(f"<= {spec.MAX_NAME_LENGTH}" in r for r in rules)
+    assert any(spec._NAME_RE.pattern in r for r in rules)
+
+
+def test_every_schema_object_is_structural(crd: dict[str, Any]) -> None:
+    # every property has a type (or int-or-string / preserve-unknown)
+    def walk(node: dict[str, Any], path: str) -> None:
+        ok = ("type" in node or node.get("x-kubernetes-int-or-string")
+              or node.get("x-kubernetes-preserve-unknown-fields"))
+        assert ok, f"{path} has no type"
+        for key, child in (node.get("properties") or {}).items():
+            walk(child, f"{path}.{key}")
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"], f"{path}[*]")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+
+    walk(_version(crd)["schema"]["openAPIV3Schema"], "")
+
+
+def test_examples_cover_the_advertised_cases() -> None:
+    names = {p.stem for p in EXAMPLES}
+    assert {"cartpole", "pendulum", "multi-agent", "entrypoint-runtime-env", "suspended"} <= names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_are_valid_envpools(path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    assert doc["apiVersion"] == spec.API_VERSION and doc["kind"] == spec.KIND
+    pool = spec.parse_spec(doc["spec"], name=doc["metadata"]["name"])
+    assert pool.replicas >= 1
+
+
+def test_example_specifics() -> None:
+    def load(stem: str) -> spec.PoolSpec:
+        doc = yaml.safe_load((ROOT / "manifests" / "examples" / f"{stem}.yaml").read_text())
+        return spec.parse_spec(doc["spec"], name=doc["metadata"]["name"])
+
+    cp = load("cartpole")
+    assert (cp.env.id, cp.replicas, cp.envs_per_actor) == ("CartPole-v1", 16, 8)
+    assert load("pendulum").env.id == "Pendulum-v1"
+    assert load("multi-agent").env.multi_agent is True
+    assert load("entrypoint-runtime-env").ray.runtime_env["env_vars"]
+    assert load("suspended").suspend is True

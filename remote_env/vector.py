@@ -95,6 +95,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             env, a PettingZoo ``ParallelEnv`` / RLlib-style multi-agent env, or a Ray
             actor handle of an env (stepped through Ray from the host actor).
         envs_per_actor: sub-envs hosted by one actor; one Ray call steps them all.
+            None (default): ``ceil(num_envs / CPUs of the Ray cluster)``, about one actor
+            per core: a Ray call costs ~1-3 ms, so few, large calls win for cheap envs.
         batch_wait_ms: how long :meth:`recv` waits for more envs once called.
         autoreset_mode: gymnasium autoreset mode (NEXT_STEP, SAME_STEP, DISABLED).
         copy: return copies of observations (as ``SyncVectorEnv`` does).
@@ -135,7 +137,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self,
         env_fns: Sequence[EnvFn],
         *,
-        envs_per_actor: int = 1,
+        envs_per_actor: int | None = None,
         batch_wait_ms: float = DEFAULT_BATCH_WAIT_MS,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         copy: bool = True,
@@ -164,7 +166,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                     f"env_fns[{i}] must be a callable returning an env (as for AsyncVectorEnv), "
                     f"got {type(fn).__name__}"
                 )
-        _positive_int("envs_per_actor", envs_per_actor)
+        if envs_per_actor is not None:
+            _positive_int("envs_per_actor", envs_per_actor)
         _positive_int("threads_per_actor", threads_per_actor)
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
@@ -177,7 +180,6 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
         self.num_envs = len(env_fns)
         self.env_fns = env_fns
-        self.envs_per_actor = envs_per_actor
         self.batch_wait_ms = float(batch_wait_ms)
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self.copy = copy
@@ -192,6 +194,10 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self._replacer = actor_replacer
         self.metrics = metrics if metrics is not None else PoolMetrics(registry, pool)
         self._ray = _ensure_ray(address)
+        if envs_per_actor is None:
+            cpus = max(1, int(self._ray.cluster_resources().get("CPU", 1)))
+            envs_per_actor = -(-self.num_envs // cpus)
+        self.envs_per_actor: int = envs_per_actor
 
         self._seeds: list[int | None] = [None] * self.num_envs
         self._restarts = np.zeros(self.num_envs, dtype=np.int64)

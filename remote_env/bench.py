@@ -292,19 +292,30 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # Ray prints its workers' and raylet's log lines to the driver's sys.stdout: keep
+    # stdout for results only (one JSON object a line with --json)
+    out = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        return _main(args, out)
+    finally:
+        sys.stdout = out
+
+
+def _main(args: argparse.Namespace, out: Any) -> int:
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
     if args.rss is not None or args.latency is not None:
-        out = [rss_per_env(n, 256, args.cpus) for n in (args.rss or [])]
-        out += [recv_latency(ms, 8, args.cpus) for ms in (args.latency or [])]
-        for row in out:
-            print(json.dumps(row) if args.json else row)
+        rows = [rss_per_env(n, 256, args.cpus) for n in (args.rss or [])]
+        rows += [recv_latency(ms, 8, args.cpus) for ms in (args.latency or [])]
+        for row in rows:
+            print(json.dumps(row) if args.json else row, file=out, flush=True)
         return 0
     for n in args.num_envs:
         if n < 1:
             raise SystemExit(f"envpool bench: --num-envs must be >= 1, got {n}")
         report = bench(args.workload, n, args.seconds, args.reps, list(args.impl), args.cpus,
                        progress)
-        print(json.dumps(report) if args.json else table(report), flush=True)
+        print(json.dumps(report) if args.json else table(report), file=out, flush=True)
     return 0

@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         liveness_endpoint=args.liveness,
         standalone=args.standalone or None,
         peering_name=args.peering,
-        memo=kopf.Memo(envpool_settings=cfg),
+        # exact names (no globs): kopf need not list namespaces (see handlers.configure)
+        memo=kopf.Memo(envpool_settings=cfg, envpool_exact_namespaces=bool(namespaces) and not any(
+            c in ns for ns in namespaces for c in "*?[!")),
     )
     return 0
 

@@ -56,6 +56,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
     # so a few threads keep a burst of 200 pools moving without hammering a
     # small API server.
     settings.execution.max_workers = 8
+    # Watching a list of exact namespaces needs no namespace scan; without this,
+    # kopf retries listing namespaces (which least-privilege RBAC refuses) for
+    # ~1 minute before it starts reconciling.
+    if getattr(memo, "envpool_exact_namespaces", False):
+        settings.scanning.disabled = True
     logging.getLogger("kopf.objects").addFilter(_quiet_event_handlers)
     kube.configure()
     registry = prometheus_client.CollectorRegistry()

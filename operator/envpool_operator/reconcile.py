@@ -233,7 +233,11 @@ def _apply_children(
             # RBAC, schema) before any is written, so a refusal leaves nothing
             # half-made behind.
             for child in children:
-                kube.apply(child, dry_run=True)
+                # A RoleBinding can't be judged before its Role exists: without the
+                # `bind` verb (which the operator must not have) the API server checks
+                # it against that Role and answers 404. It is applied after the Role.
+                if child.get("kind") != "RoleBinding":
+                    kube.apply(child, dry_run=True)
         rc: dict[str, Any] = {}
         for child in children:
             rc = kube.apply(child)

@@ -309,7 +309,11 @@ def test_node_killed_envs_come_back_on_a_healthy_node() -> None:
         cluster.shutdown()
 
 
-def _node_of(actor: Any) -> str:
-    node: str = ray.get(actor.__ray_call__.remote(
-        lambda self: ray.get_runtime_context().get_node_id()), timeout=60)
+def _node_of(actor: Any) -> str | None:
+    """The actor's node, or None if it died (the next step replaces it)."""
+    try:
+        node: str = ray.get(actor.__ray_call__.remote(
+            lambda self: ray.get_runtime_context().get_node_id()), timeout=60)
+    except ray.exceptions.RayActorError:
+        return None
     return node

@@ -189,11 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--entrypoint", help="make-env callable 'package.module:callable'")
     p.add_argument("--env-kwarg", dest="env_kwargs", type=_kv, action="append", default=[],
                    metavar="KEY=VALUE", help="keyword for the env (YAML value); repeatable")
-    p.add_argument("--num-envs", type=int, default=16)
-    p.add_argument("--envs-per-actor", type=int, default=8)
-    p.add_argument("--batch-wait-ms", type=float, default=2.0)
+    p.add_argument("--num-envs", type=int, default=16, help="sub-envs in the pool (default %(default)s)")
+    p.add_argument("--envs-per-actor", type=int, default=8,
+                   help="sub-envs per Ray actor; one call steps them all (default %(default)s)")
+    p.add_argument("--batch-wait-ms", type=float, default=2.0,
+                   help="how long recv() waits for more ready envs (default %(default)s)")
     p.add_argument("--seconds", type=float, default=30.0, help="how long to run (Ctrl-C stops early)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="reset seed of env 0 (env i: seed+i)")
     p.add_argument("--num-cpus", type=int, default=2, help="CPUs of the embedded Ray")
     p.add_argument("--no-restart", action="store_true", help="raise on the first env failure")
     p.add_argument("--max-restarts", type=int, default=1000)

@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--num-cpus", type=int, default=2)
     args = ap.parse_args()
 
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False)
     spec = pool_spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": args.envs,
                                  "envsPerActor": args.envs_per_actor}, name="bench")
     server = PoolServer(spec, http_port=-1)

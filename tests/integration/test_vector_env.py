@@ -9,8 +9,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import alive_actor_ids
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from ray_checks import alive_actor_ids, state_api_address
 
 from remote_env import errors, examples
 from remote_env.vector import RemoteVectorEnv
@@ -21,7 +21,9 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 def assert_tree_equal(a: Any, b: Any, path: str = "") -> None:
     """Deep equality for gymnasium results: dicts, tuples, (object) arrays."""
     if isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys {a.keys()} != {b.keys()}"
+        assert isinstance(b, dict) and a.keys() == b.keys(), (
+            f"{path}: keys {a.keys()} != {b.keys()}"
+        )
         for k in a:
             assert_tree_equal(a[k], b[k], f"{path}.{k}")
     elif isinstance(a, tuple):
@@ -34,7 +36,9 @@ def assert_tree_equal(a: Any, b: Any, path: str = "") -> None:
             assert_tree_equal(x, y, f"{path}[{i}]")
     else:
         np.testing.assert_array_equal(a, b, err_msg=path)
-        assert np.asarray(a).dtype == np.asarray(b).dtype, f"{path}: {np.asarray(a).dtype} != {np.asarray(b).dtype}"
+        assert np.asarray(a).dtype == np.asarray(b).dtype, (
+            f"{path}: {np.asarray(a).dtype} != {np.asarray(b).dtype}"
+        )
 
 
 ENVS = {
@@ -289,12 +293,17 @@ def test_actor_options_reach_ray() -> None:
     from ray.util.state import list_actors
 
     envs = RemoteVectorEnv(
-        _fns("CartPole-v1", 2), envs_per_actor=1,
+        _fns("CartPole-v1", 2),
+        envs_per_actor=1,
         actor_options={"num_cpus": 0.25, "name": None, "lifetime": None},
     )
     try:
         ids = {a._actor_id.hex() for a in envs.actors}
-        rows = [a for a in list_actors(detail=True, limit=10_000) if a.actor_id in ids]
+        rows = [
+            a
+            for a in list_actors(address=state_api_address(), detail=True, limit=10_000)
+            if a.actor_id in ids
+        ]
         assert len(rows) == 2
         for row in rows:
             assert row.required_resources.get("CPU") == 0.25
@@ -360,7 +369,7 @@ def test_env_fn_raising_on_construction_names_the_env_and_leaks_nothing() -> Non
     assert "sub-environment 3" in str(info.value)
     assert "no simulator licence" in str(info.value)
     assert "Traceback" in info.value.remote_traceback
-    from conftest import wait_for
+    from ray_checks import wait_for
 
     wait_for(lambda: alive_actor_ids() <= before, what="no actors left behind")
 
@@ -372,7 +381,7 @@ def test_close_leaves_no_actors() -> None:
     envs.reset(seed=0)
     envs.send(np.zeros(6, dtype=np.int64))  # close with calls in flight
     envs.close()
-    from conftest import wait_for
+    from ray_checks import wait_for
 
     wait_for(lambda: alive_actor_ids() <= before, what="no actors left after close")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -138,6 +139,9 @@ class SubEnvHost:
             if threads > 1
             else None
         )
+        # step/reset may also arrive over a channel (its own thread): one call at a time
+        self._lock = threading.RLock()
+        self._channel: Any = None
         for n, slot in enumerate(self._slots):
             if restarts is not None:
                 slot.restarts = restarts[n]
@@ -244,6 +248,35 @@ class SubEnvHost:
     def ping(self) -> int:
         return os.getpid()
 
+    def open_channel(self, driver_node_id: str) -> tuple[str, bytes] | None:
+        """A Unix-socket channel for step/reset if the driver is on this node, else None.
+
+        See :mod:`remote_env.channel` for why; one channel serves many drivers.
+        """
+        try:
+            import ray
+
+            if ray.get_runtime_context().get_node_id() != driver_node_id:
+                return None
+        except Exception:  # not in a Ray actor (unit tests): no node to compare
+            return None
+        if self._channel is None:
+            from remote_env.channel import ChannelServer
+
+            self._channel = ChannelServer(self._serve_channel)
+        return self._channel.address, self._channel.authkey
+
+    def _serve_channel(self, message: tuple[Any, ...]) -> Any:
+        if message[0] == "step":
+            return self.step(message[1], message[2])
+        if message[0] == "reset":
+            return self.reset(message[1], message[2], message[3])
+        if message[0] == "call":
+            return self.call(message[1], message[2], message[3], message[4])
+        if message[0] == "set_attr":
+            return self.set_attr(message[1], message[2], message[3])
+        raise ValueError(f"unknown channel call {message[0]!r}; expected step, reset, call or set_attr")
+
     def reset(
         self,
         positions: Sequence[int],
@@ -251,26 +284,31 @@ class SubEnvHost:
         options: dict[str, Any] | None,
     ) -> Batch:
         """Reset the slots at ``positions`` (host-local)."""
-        results = self._map(
-            lambda p, s: self._reset_one(self._slots[p], s, options), positions, seeds
-        )
-        return self._pack(positions, results, is_reset=True)
+        with self._lock:
+            results = self._map(
+                lambda p, s: self._reset_one(self._slots[p], s, options), positions, seeds
+            )
+            return self._pack(positions, results, is_reset=True)
 
     def step(self, positions: Sequence[int], actions: Sequence[Any]) -> Batch:
         """Step (or autoreset) the slots at ``positions`` with ``actions``."""
-        results = self._map(lambda p, a: self._step_one(self._slots[p], a), positions, actions)
-        return self._pack(positions, results, is_reset=False)
+        with self._lock:
+            results = self._map(lambda p, a: self._step_one(self._slots[p], a), positions,
+                                actions)
+            return self._pack(positions, results, is_reset=False)
 
     def call(self, positions: Sequence[int], name: str, args: Any, kwargs: Any) -> list[Any]:
-        out = []
-        for p in positions:
-            attr = getattr(self._slots[p].env, name)
-            out.append(attr(*args, **kwargs) if callable(attr) else attr)
-        return out
+        with self._lock:
+            out = []
+            for p in positions:
+                attr = getattr(self._slots[p].env, name)
+                out.append(attr(*args, **kwargs) if callable(attr) else attr)
+            return out
 
     def set_attr(self, positions: Sequence[int], name: str, values: Sequence[Any]) -> None:
-        for p, v in zip(positions, values, strict=True):
-            setattr(self._slots[p].env, name, v)
+        with self._lock:
+            for p, v in zip(positions, values, strict=True):
+                setattr(self._slots[p].env, name, v)
 
     def seeds(self) -> list[int | None]:
         return [s.seed for s in self._slots]
@@ -279,6 +317,9 @@ class SubEnvHost:
         return [s.restarts for s in self._slots]
 
     def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
         for slot in self._slots:
             if slot.env is not None:
                 try:

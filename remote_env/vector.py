@@ -29,7 +29,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from remote_env import errors
+from remote_env import channel, errors
 from remote_env._types import Batch, Failure, FailureReason
 from remote_env.host import EnvFn, SubEnvHost
 from remote_env.metrics import PoolMetrics
@@ -37,6 +37,7 @@ from remote_env.metrics import PoolMetrics
 # Array action spaces are split by slicing the batched array (no per-env Python loop).
 _ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 DEFAULT_BATCH_WAIT_MS = 2.0
+TRANSPORTS = ("auto", "ray")
 
 
 class _State(enum.Enum):
@@ -65,6 +66,9 @@ class _Host:
     actor_failures: int = 0
     lo: int = -1  # env_ids == range(lo, hi) when contiguous, else lo == -1
     hi: int = -1
+    # the Unix-socket data path to this actor (same node as the driver), once opened
+    channel: channel.Channel | None = None
+    channel_tried: bool = False
 
     def __post_init__(self) -> None:
         ids = self.env_ids
@@ -110,6 +114,10 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             constructors may boot a simulator) before its first call counts as hung.
         threads_per_actor: step an actor's sub-envs on this many threads (for envs
             that wait on I/O or release the GIL).
+        transport: how step/reset reach the actors. ``"auto"`` (default): over a
+            Unix socket for actors on the driver's node (~0.2 ms a round trip instead
+            of a Ray call's ~1-2 ms), Ray calls for actors on other nodes. ``"ray"``:
+            Ray calls only. Either way Ray creates, supervises and kills the actors.
         existing_actors: ``SubEnvHost`` actors (from :meth:`host_class`) or env
             actors to use as-is for the first envs; only the missing ones are created.
             Existing actors are not killed on :meth:`close`.
@@ -147,6 +155,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         step_timeout_s: float | None = None,
         start_timeout_s: float = 300.0,
         threads_per_actor: int = 1,
+        transport: str = "auto",
         existing_actors: Sequence[Any] | None = None,
         on_sub_environment_created: Callable[[Any, int], None] | None = None,
         actor_options: Mapping[str, Any] | None = None,
@@ -177,6 +186,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             raise ValueError(f"step_timeout_s must be > 0 or None, got {step_timeout_s}")
         if restart_backoff_s < 0:
             raise ValueError(f"restart_backoff_s must be >= 0, got {restart_backoff_s}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
 
         self.num_envs = len(env_fns)
         self.env_fns = env_fns
@@ -194,6 +205,10 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self._replacer = actor_replacer
         self.metrics = metrics if metrics is not None else PoolMetrics(registry, pool)
         self._ray = _ensure_ray(address)
+        self.transport = transport
+        self._node_id = (
+            self._ray.get_runtime_context().get_node_id() if transport == "auto" else None
+        )
         if envs_per_actor is None:
             cpus = max(1, int(self._ray.cluster_resources().get("CPU", 1)))
             envs_per_actor = -(-self.num_envs // cpus)
@@ -489,7 +504,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             )
         t0 = time.perf_counter()
         refs = list(self._calls)
-        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=self.batch_wait_ms / 1000)
+        ready, _ = channel.wait(refs, len(refs), self.batch_wait_ms / 1000, self._ray)
         if not ready:
             ready = self._wait_first(refs, timeout, t0)
         batches = self._collect(ready, timeout=None)
@@ -512,11 +527,11 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             if self.step_timeout_s is not None:
                 hang = min(self._deadline(c) for c in self._calls.values()) - now
                 limit = hang if limit is None else min(limit, hang)
-            ready, _ = self._ray.wait(
-                refs, num_returns=1, timeout=None if limit is None else max(limit, 0.0)
+            ready, _ = channel.wait(
+                refs, 1, None if limit is None else max(limit, 0.0), self._ray
             )
             if ready:
-                more, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+                more, _ = channel.wait(refs, len(refs), 0, self._ray)
                 return list(more) or list(ready)
             now = time.perf_counter()
             if self.step_timeout_s is not None:
@@ -618,16 +633,44 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 env_ids = ids[sel]
                 payload = _take(per_env, sel)
             positions = self._env_pos[env_ids].tolist()
+            chan = self._channel(host)
+            ref: Any
             if is_reset:
                 for e, s in zip(env_ids, payload, strict=True):
                     if s is not None:
                         self._seeds[int(e)] = s
-                ref = host.handle.reset.remote(positions, list(payload), options)
+                if chan is not None:
+                    ref = chan.call(("reset", positions, list(payload), options))
+                else:
+                    ref = host.handle.reset.remote(positions, list(payload), options)
+            elif chan is not None:
+                ref = chan.call(("step", positions, payload))
             else:
                 ref = host.handle.step.remote(positions, payload)
             self._calls[ref] = _Call(h, env_ids, positions, is_reset, now, host.handle,
                                      starting=host.start_ref is not None)
             self._busy[env_ids] = True
+
+    def _channel(self, host: _Host) -> channel.Channel | None:
+        """The host's socket channel, opened on first use; None: use Ray calls."""
+        if self._node_id is None or host.start_ref is not None:
+            return None  # Ray only, or a replacement whose start() is not checked yet
+        if host.channel is None and not host.channel_tried:
+            host.channel_tried = True
+            try:
+                where = self._ray.get(host.handle.open_channel.remote(self._node_id))
+                if where is not None:
+                    host.channel = channel.Channel(*where)
+            except Exception:  # a dead actor surfaces through the Ray call instead
+                host.channel = None
+        if host.channel is not None and host.channel.closed:
+            return None
+        return host.channel
+
+    def _drop_channel(self, host: _Host) -> None:
+        if host.channel is not None:
+            host.channel.close()
+        host.channel, host.channel_tried = None, False
 
     # ------------------------------------------------------------ collection
     def _collect(self, refs: list[Any], timeout: float | None) -> list[tuple[np.ndarray, Batch]]:
@@ -643,8 +686,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 latest = max(self._deadline(self._calls[r]) for r in refs)
                 hang_wait = max(0.0, latest - time.perf_counter())
             waits = [w for w in (timeout, hang_wait) if w is not None]
-            _, pending = self._ray.wait(
-                refs, num_returns=len(refs), timeout=min(waits) if waits else None
+            _, pending = channel.wait(
+                refs, len(refs), min(waits) if waits else None, self._ray
             )
             if pending:
                 if hang_wait is None or (timeout is not None and timeout < hang_wait):
@@ -696,18 +739,19 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         try:
             if not stale:
                 self._check_started(host)
-            batch: Batch = self._ray.get(ref)
+            batch: Batch = channel.get(ref, self._ray)
             if not batch.is_reset:
                 host.actor_failures = 0  # a good step ends a crash loop
             return batch
-        except self._ray.exceptions.RayActorError as exc:
+        except (self._ray.exceptions.RayActorError, channel.ChannelClosedError) as exc:
             message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             if stale:
                 return self._failed_result(call, "actor_died", message)
             return self._replace_host(call, "actor_died", message)
-        except self._ray.exceptions.RayTaskError as exc:
+        except (self._ray.exceptions.RayTaskError, channel.RemoteCallError) as exc:
             raise errors.SubEnvironmentError(
-                int(call.env_ids[0]), f"the actor call failed: {exc}"
+                int(call.env_ids[0]), f"the actor call failed: {exc}",
+                getattr(exc, "remote_traceback", ""),
             ) from exc
 
     def _check_started(self, host: _Host) -> None:
@@ -728,6 +772,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         host.actor_failures += 1
         first = int(host.env_ids[0])
         what = f"the actor hosting sub-environments {host.env_ids.tolist()}"
+        self._drop_channel(host)
         if self._replacer is None and (host.owned or reason == "timeout"):
             try:
                 self._ray.kill(host.handle, no_restart=True)
@@ -892,8 +937,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call ``name`` on every sub-env (or read it if not callable)."""
         self._check_open()
-        refs = [h.handle.call.remote(list(range(len(h.env_ids))), name, args, kwargs) for h in self._hosts]
-        return tuple(x for part in self._ray.get(refs) for x in part)
+        refs = [self._host_call(h, "call", list(range(len(h.env_ids))), name, args, kwargs)
+                for h in self._hosts]
+        return tuple(x for ref in refs for x in channel.get(ref, self._ray))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         return self.call(name)
@@ -906,11 +952,20 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             raise ValueError(
                 f"values must be a list of length num_envs={self.num_envs}, got length={len(values)}"
             )
-        self._ray.get([
-            h.handle.set_attr.remote(list(range(len(h.env_ids))), name,
-                                     [values[int(e)] for e in h.env_ids])
+        refs = [
+            self._host_call(h, "set_attr", list(range(len(h.env_ids))), name,
+                            [values[int(e)] for e in h.env_ids])
             for h in self._hosts
-        ])
+        ]
+        for ref in refs:
+            channel.get(ref, self._ray)
+
+    def _host_call(self, host: _Host, method: str, *args: Any) -> Any:
+        """A host method call on the same path as its steps (so it runs after them)."""
+        chan = self._channel(host)
+        if chan is not None:
+            return chan.call((method, *args))
+        return getattr(host.handle, method).remote(*args)
 
     def render(self) -> tuple[Any, ...] | None:
         return self.call("render")
@@ -930,6 +985,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     # ------------------------------------------------------------------ close
     def close_extras(self, **kwargs: Any) -> None:
+        for h in self._hosts:
+            self._drop_channel(h)
         self._calls.clear()
         self._busy[:] = False
         self.metrics.untrack_states()

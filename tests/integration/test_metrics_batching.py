@@ -77,14 +77,18 @@ def test_recv_waits_about_batch_wait_ms_for_stragglers(batch_wait_ms: float) -> 
         envs.reset(seed=0)
         envs.send(np.zeros(1, dtype=np.int64), [0])  # env 0 is busy for 3 s
         waits = []
+        idle = [1, 2]
         for _ in range(15):
-            envs.send(np.zeros(2, dtype=np.int64), [1, 2])
-            # let both fast envs finish: recv then only waits the batch window for env 0
+            envs.send(np.zeros(len(idle), dtype=np.int64), idle)
+            # let the fast envs finish: recv then only waits the batch window for env 0
+            # (one that is late under load is returned by a later recv: the window is
+            # still what recv waits, since env 0 is never ready)
             time.sleep(0.02)
             t0 = time.perf_counter()
             _, _, _, _, info = envs.recv(timeout=10)
             waits.append(time.perf_counter() - t0)
-            assert info["env_id"].tolist() == [1, 2]
+            idle = info["env_id"].tolist()
+            assert idle and set(idle) <= {1, 2}, idle
         p50 = float(np.median(waits))
         print(
             f"batch_wait_ms={batch_wait_ms}: recv p50={p50 * 1000:.1f} ms "

@@ -55,14 +55,18 @@ def _fns(env_id: str, n: int) -> list[Any]:
     return [functools.partial(gym.make, env_id, **ENVS[env_id]) for _ in range(n)]
 
 
+@pytest.mark.parametrize("transport", ["auto", "ray"])
 @pytest.mark.parametrize("env_id", list(ENVS))
 @pytest.mark.parametrize(
     "mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 )
-def test_matches_sync_vector_env_step_by_step(env_id: str, mode: AutoresetMode) -> None:
+def test_matches_sync_vector_env_step_by_step(
+    env_id: str, mode: AutoresetMode, transport: str
+) -> None:
     n, k = 5, 2  # uneven split: actors of 2, 2 and 1 envs
     sync = SyncVectorEnv(_fns(env_id, n), autoreset_mode=mode)
-    remote = RemoteVectorEnv(_fns(env_id, n), envs_per_actor=k, autoreset_mode=mode)
+    remote = RemoteVectorEnv(_fns(env_id, n), envs_per_actor=k, autoreset_mode=mode,
+                             transport=transport)
     try:
         assert len(remote.actors) == 3
         assert remote.single_observation_space == sync.single_observation_space
@@ -89,6 +93,9 @@ def test_matches_sync_vector_env_step_by_step(env_id: str, mode: AutoresetMode) 
         # seeds as a list
         seeds = [5, 6, 70, 8, 9]
         assert_tree_equal(remote.reset(seed=seeds), sync.reset(seed=seeds))
+        # every actor is on this node: "auto" stepped them over sockets, "ray" never did
+        uses_socket = [h.channel is not None for h in remote._hosts]
+        assert uses_socket == [transport == "auto"] * 3
     finally:
         remote.close()
         sync.close()

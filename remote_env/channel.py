@@ -21,8 +21,10 @@ handled like Ray's ``RayActorError``.
 from __future__ import annotations
 
 import collections
+import math
 import os
 import secrets
+import select
 import shutil
 import tempfile
 import threading
@@ -30,7 +32,6 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Client, Connection, Listener
-from multiprocessing.connection import wait as wait_connections
 from typing import Any
 
 # ----------------------------------------------------------------- errors
@@ -188,13 +189,24 @@ class Channel:
 
 
 def _drain(calls: Sequence[ChannelCall], timeout: float | None) -> None:
-    """Read what has arrived for ``calls``; block up to ``timeout`` for the first."""
-    channels = {id(c.channel): c.channel for c in calls if not c.done and c.channel.waiting}
-    if not channels:
+    """Read what has arrived for ``calls``; block up to ``timeout`` s for the first reply.
+
+    One ``poll`` system call, no selector object: on a 2-core VM this loop is most
+    of the driver's CPU per round trip.
+    """
+    by_fd: dict[int, Channel] = {}
+    for c in calls:
+        ch = c.channel
+        if not c.done and ch.waiting:
+            by_fd[ch.connection.fileno()] = ch
+    if not by_fd:
         return
-    by_conn = {ch.connection: ch for ch in channels.values()}
-    for conn in wait_connections(list(by_conn), timeout):
-        by_conn[conn].read_one()  # type: ignore[index]
+    poller = select.poll()
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
+    for fd, _ in poller.poll(ms):
+        by_fd[fd].read_one()
 
 
 def wait(refs: Sequence[Any], num_returns: int, timeout: float | None,
@@ -205,22 +217,27 @@ def wait(refs: Sequence[Any], num_returns: int, timeout: float | None,
         return ray.wait(list(refs), num_returns=num_returns, timeout=timeout)  # type: ignore[no-any-return]
     ray_refs = [r for r in refs if not isinstance(r, ChannelCall)]
     deadline = None if timeout is None else time.perf_counter() + timeout
+    polled = False
     while True:
-        _drain(calls, 0)
         ray_ready: set[Any] = set()
         if ray_refs:
             ray_ready = set(ray.wait(ray_refs, num_returns=len(ray_refs), timeout=0)[0])
         n_ready = len(ray_ready) + sum(c.done for c in calls)
         left = None if deadline is None else deadline - time.perf_counter()
-        if n_ready >= num_returns or (left is not None and left <= 0):
+        timed_out = left is not None and left <= 0
+        if n_ready >= num_returns or (timed_out and polled):
             ready = [r for r in refs if (r.done if isinstance(r, ChannelCall) else r in ray_ready)]
             pending = [r for r in refs if not (r.done if isinstance(r, ChannelCall)
                                                else r in ray_ready)]
             return ready, pending
-        if ray_refs and not all(c.done for c in calls):
+        polled = True
+        if timed_out:
+            _drain(calls, 0)  # a zero timeout still reads what has arrived
+        elif ray_refs and not all(c.done for c in calls):
             # both kinds pending (actors on this node and on others): take turns
-            _drain(calls, 0.0005 if left is None else min(left, 0.0005))
-            ray.wait(ray_refs, num_returns=1, timeout=0.0005 if left is None else min(left, 0.0005))
+            step = 0.0005 if left is None else min(left, 0.0005)
+            _drain(calls, step)
+            ray.wait(ray_refs, num_returns=1, timeout=step)
         elif ray_refs:
             ray.wait(ray_refs, num_returns=min(len(ray_refs), num_returns - n_ready),
                      timeout=left)

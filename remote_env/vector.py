@@ -556,8 +556,10 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             raise ValueError(
                 f"unknown env ids {bad.tolist()}: expected ids in [0, {self.num_envs})"
             )
-        if len(np.unique(ids)) != len(ids):
-            raise ValueError(f"env_ids must not repeat an id, got {ids.tolist()}")
+        if len(ids) > 1:
+            ordered = np.sort(ids)  # a sort, not np.unique: this runs on every send()
+            if (ordered[1:] == ordered[:-1]).any():
+                raise ValueError(f"env_ids must not repeat an id, got {ids.tolist()}")
         if not len(ids):
             raise ValueError("env_ids is empty: send at least one env id")
         return ids
@@ -618,6 +620,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         groups: list[tuple[int, np.ndarray | None]]
         if len(ids) == self.num_envs and not is_reset:
             groups = [(h, None) for h in range(len(self._hosts))]  # every env, in host order
+        elif (hosts_of == hosts_of[0]).all():  # the usual recv/send loop: one actor's envs
+            groups = [(int(hosts_of[0]), np.arange(len(ids)))]
         else:
             groups = [(int(h), np.flatnonzero(hosts_of == h)) for h in np.unique(hosts_of)]
         for h, sel in groups:

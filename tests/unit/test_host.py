@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -14,11 +16,12 @@ def _fns(n: int) -> list:
     return [lambda: gym.make("CartPole-v1") for _ in range(n)]
 
 
+@pytest.mark.parametrize("threads", [1, 2])  # 2 threads for 3 envs: uneven shares
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
-def test_host_matches_sync_vector_env(mode: AutoresetMode) -> None:
+def test_host_matches_sync_vector_env(mode: AutoresetMode, threads: int) -> None:
     n = 3
     sync = SyncVectorEnv(_fns(n), autoreset_mode=mode)
-    host = SubEnvHost(_fns(n), autoreset_mode=mode.value)
+    host = SubEnvHost(_fns(n), autoreset_mode=mode.value, threads=threads)
     info = host.start()
     assert info["observation_space"] == sync.single_observation_space
     sobs, _ = sync.reset(seed=7)
@@ -39,6 +42,52 @@ def test_host_matches_sync_vector_env(mode: AutoresetMode) -> None:
             for i in np.flatnonzero(sterm | strunc):
                 np.testing.assert_array_equal(b.infos[i]["final_obs"], sinfo["final_obs"][i])
     assert ends > 3  # the comparison crossed several autoresets
+
+
+class _MeetOthers(gym.Wrapper):
+    """Each step waits at a barrier for every other env's step: only concurrent steps pass."""
+
+    def __init__(self, env: gym.Env, barrier: threading.Barrier) -> None:
+        super().__init__(env)
+        self.barrier = barrier
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        self.barrier.wait(timeout=5)
+        return self.env.step(action)
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_threads_step_envs_concurrently(threads: int) -> None:
+    k = 4
+    barrier = threading.Barrier(k)
+    fns = [lambda: _MeetOthers(gym.make("CartPole-v1"), barrier) for _ in range(k)]
+    host = SubEnvHost(fns, threads=threads)
+    host.start()
+    host.reset(range(k), [0] * k, None)
+    for _ in range(20):
+        b = host.step(range(k), [0] * k)
+        if threads == 1:  # one at a time: the first step waits alone and breaks the barrier
+            assert b.failures and "BrokenBarrierError" in b.failures[0].message
+            break
+        assert not b.failures
+    host.close()
+
+
+def test_a_thread_share_raising_outside_env_handling_reaches_the_caller() -> None:
+    from remote_env.host import _Gang
+
+    gang = _Gang(3)
+
+    def fn(i: int, _: object) -> int:
+        if i == 4:
+            raise KeyError("share of thread 1")
+        return i * 10
+
+    assert gang.map(fn, [0, 1, 2, 3], [None] * 4) == [0, 10, 20, 30]
+    with pytest.raises(KeyError, match="share of thread 1"):
+        gang.map(fn, [0, 4, 2], [None] * 3)
+    assert gang.map(fn, [5, 6], [None] * 2) == [50, 60]  # still usable
+    gang.close()
 
 
 class _FailAt(gym.Wrapper):

@@ -524,8 +524,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         while True:
             now = time.perf_counter()
             limit = None if timeout is None else t0 + timeout - now
-            if self.step_timeout_s is not None:
-                hang = min(self._deadline(c) for c in self._calls.values()) - now
+            deadlines = [d for c in self._calls.values() if (d := self._deadline(c)) is not None]
+            if deadlines:
+                hang = min(deadlines) - now
                 limit = hang if limit is None else min(limit, hang)
             ready, _ = channel.wait(
                 refs, 1, None if limit is None else max(limit, 0.0), self._ray
@@ -534,10 +535,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 more, _ = channel.wait(refs, len(refs), 0, self._ray)
                 return list(more) or list(ready)
             now = time.perf_counter()
-            if self.step_timeout_s is not None:
-                hung = [r for r, c in self._calls.items() if now >= self._deadline(c)]
-                if hung:
-                    return hung  # _collect turns them into timeout failures
+            hung = [r for r, c in self._calls.items() if self._expired(c, now)]
+            if hung:
+                return hung  # _collect turns them into timeout failures
             if timeout is not None and now - t0 >= timeout:
                 raise multiprocessing.TimeoutError(
                     f"recv() timed out after {timeout}s with no sub-env ready"
@@ -684,22 +684,26 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         leaves stale calls behind.
         """
         hung: set[Any] = set()
-        if len(refs) > 1 or timeout is not None or self.step_timeout_s is not None:
-            hang_wait = None
-            if self.step_timeout_s is not None:
-                latest = max(self._deadline(self._calls[r]) for r in refs)
-                hang_wait = max(0.0, latest - time.perf_counter())
-            waits = [w for w in (timeout, hang_wait) if w is not None]
-            _, pending = channel.wait(
-                refs, len(refs), min(waits) if waits else None, self._ray
-            )
-            if pending:
-                if hang_wait is None or (timeout is not None and timeout < hang_wait):
-                    raise multiprocessing.TimeoutError(
-                        f"timed out after {timeout}s: {len(pending)} of {len(refs)} actor "
-                        "calls still pending (the call stays pending: wait again)"
-                    )
-                hung = set(pending)
+        t_end = None if timeout is None else time.perf_counter() + timeout
+        waiting = list(refs)
+        while waiting and (len(refs) > 1 or timeout is not None
+                           or any(self._deadline(self._calls[r]) is not None for r in waiting)):
+            deadlines = [d for r in waiting if (d := self._deadline(self._calls[r])) is not None]
+            hang_at = max(deadlines) if deadlines else None
+            ends = [x for x in (t_end, hang_at) if x is not None]
+            wait_s = max(0.0, min(ends) - time.perf_counter()) if ends else None
+            _, waiting = channel.wait(waiting, len(waiting), wait_s, self._ray)
+            if not waiting:
+                break
+            now = time.perf_counter()
+            if t_end is not None and now >= t_end and (hang_at is None or t_end < hang_at):
+                raise multiprocessing.TimeoutError(
+                    f"timed out after {timeout}s: {len(waiting)} of {len(refs)} actor "
+                    "calls still pending (the call stays pending: wait again)"
+                )
+            expired = {r for r in waiting if self._expired(self._calls[r], now)}
+            hung |= expired
+            waiting = [r for r in waiting if r not in expired]
         out: list[tuple[np.ndarray, Batch]] = []
         permanent: list[Exception] = []
         for ref in refs:
@@ -726,17 +730,31 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             raise permanent[0]
         return out
 
-    def _deadline(self, call: _Call) -> float:
-        """When a call counts as hung: step_timeout_s after sending, plus the start-up
-        allowance when it went to a replacement actor that was still starting."""
-        assert self.step_timeout_s is not None
-        return call.sent + self.step_timeout_s + (self.start_timeout_s if call.starting else 0.0)
+    def _deadline(self, call: _Call) -> float | None:
+        """When a call counts as hung (None: never): step_timeout_s after sending, plus
+        start_timeout_s when it went to a replacement actor still starting. The latter
+        holds even without step_timeout_s: a replacement that cannot be placed (no node
+        with its resources) must not block the driver forever."""
+        if call.starting:
+            return call.sent + (self.step_timeout_s or 0.0) + self.start_timeout_s
+        if self.step_timeout_s is None:
+            return None
+        return call.sent + self.step_timeout_s
+
+    def _expired(self, call: _Call, now: float) -> bool:
+        deadline = self._deadline(call)
+        return deadline is not None and now >= deadline
 
     def _result(self, ref: Any, call: _Call, host: _Host, hung: bool) -> Batch:
         """One call's Batch; a dead or hung actor is replaced and reported here."""
         stale = call.handle is not host.handle  # its actor was already replaced
         if hung:
-            message = f"no answer within step_timeout_s={self.step_timeout_s}"
+            message = (
+                f"the replacement actor did not start within start_timeout_s={self.start_timeout_s}"
+                " (can the cluster place it? see `ray status` for infeasible resource demands)"
+                if call.starting
+                else f"no answer within step_timeout_s={self.step_timeout_s}"
+            )
             if stale:
                 return self._failed_result(call, "timeout", message)
             return self._replace_host(call, "timeout", message)
@@ -763,7 +781,16 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         if host.start_ref is None:
             return
         ref, host.start_ref = host.start_ref, None
-        info = self._ray.get(ref)
+        try:
+            info = self._ray.get(ref, timeout=self.start_timeout_s)
+        except self._ray.exceptions.GetTimeoutError:
+            self._failed[host.env_ids] = True
+            raise errors.SubEnvironmentFailedError(
+                int(host.env_ids[0]),
+                f"the replacement actor for sub-environments {host.env_ids.tolist()} did not "
+                f"start within start_timeout_s={self.start_timeout_s} (can the cluster place "
+                "it? see `ray status` for infeasible resource demands)",
+            ) from None
         self._raise_start_failures(host, info)
         self._created(host)
 

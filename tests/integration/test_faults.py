@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import ray
+from gymnasium.vector import AutoresetMode
 from prometheus_client import CollectorRegistry
 from ray_checks import alive_actor_ids, wait_for
 
@@ -343,6 +344,46 @@ def test_node_killed_envs_come_back_on_a_healthy_node() -> None:
         assert c["exception"] == c["timeout"] == 0
         assert c["actor_died"] == c["env_restarts"] == 2 * c["actor_restarts"] >= 4
         assert envs.restart_counts.sum() == c["env_restarts"]
+    finally:
+        if envs is not None:
+            envs.close()
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_a_replacement_that_cannot_be_placed_fails_after_start_timeout(
+    mode: AutoresetMode,
+) -> None:
+    """The only node with the envs' resource is lost and none comes back: the driver
+    must not wait forever for the replacement (no step_timeout_s set)."""
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    worker = cluster.add_node(num_cpus=1, resources={"sim": 4})
+    ray.init(address=cluster.address)
+    cluster.wait_for_nodes()
+    envs = None
+    try:
+        envs = RemoteVectorEnv(
+            [cartpole()] * 2, envs_per_actor=2, restart_failed_sub_environments=True,
+            actor_options={"num_cpus": 0, "resources": {"sim": 1}}, start_timeout_s=3.0,
+            max_restarts=2,
+            autoreset_mode=mode,
+        )
+        envs.reset(seed=SEED)
+        cluster.remove_node(worker, allow_graceful=False)
+        t0 = time.monotonic()
+        with pytest.raises(errors.SubEnvironmentFailedError) as info:
+            # the loss is noticed within seconds; then each replacement gets 3 s to start
+            while time.monotonic() - t0 < 120:
+                envs.step(np.zeros(2, dtype=np.int64))
+                time.sleep(0.05)
+        waited = time.monotonic() - t0
+        assert "start_timeout_s=3.0" in str(info.value), str(info.value)
+        assert waited < 90, f"gave up only after {waited:.0f} s"
     finally:
         if envs is not None:
             envs.close()

@@ -10,6 +10,7 @@ import functools
 import os
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -294,17 +295,30 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def test_node_killed_envs_come_back_on_a_healthy_node() -> None:
-    """A 2-node ray.cluster_utils.Cluster; the worker node's raylet is removed."""
+@pytest.fixture
+def sim_cluster() -> Iterator[tuple[Any, Any]]:
+    """A 2-node ray.cluster_utils.Cluster: a head and one simulator node.
+
+    Env actors ask for the "sim" resource: only simulator nodes have it (not the head).
+    """
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    # env actors need the "sim" resource: only simulator nodes have it (not the head)
     worker = cluster.add_node(num_cpus=1, resources={"sim": 4})
     ray.init(address=cluster.address)
     cluster.wait_for_nodes()
+    try:
+        yield cluster, worker
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_node_killed_envs_come_back_on_a_healthy_node(sim_cluster: tuple[Any, Any]) -> None:
+    """The simulator node's raylet is removed; a replacement node joins."""
+    cluster, worker = sim_cluster
     reg = CollectorRegistry()
     envs = None
     try:
@@ -347,24 +361,15 @@ def test_node_killed_envs_come_back_on_a_healthy_node() -> None:
     finally:
         if envs is not None:
             envs.close()
-        ray.shutdown()
-        cluster.shutdown()
 
 
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
 def test_a_replacement_that_cannot_be_placed_fails_after_start_timeout(
-    mode: AutoresetMode,
+    mode: AutoresetMode, sim_cluster: tuple[Any, Any]
 ) -> None:
     """The only node with the envs' resource is lost and none comes back: the driver
     must not wait forever for the replacement (no step_timeout_s set)."""
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    worker = cluster.add_node(num_cpus=1, resources={"sim": 4})
-    ray.init(address=cluster.address)
-    cluster.wait_for_nodes()
+    cluster, worker = sim_cluster
     envs = None
     try:
         envs = RemoteVectorEnv(
@@ -387,8 +392,6 @@ def test_a_replacement_that_cannot_be_placed_fails_after_start_timeout(
     finally:
         if envs is not None:
             envs.close()
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def _node_of(actor: Any) -> str | None:

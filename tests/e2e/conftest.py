@@ -145,24 +145,18 @@ class KubeCluster:
             return None
         return json.loads(proc.stdout)
 
-    def apply(
-        self, manifest: dict | list, *, server_side: bool = False
-    ) -> subprocess.CompletedProcess[str]:
+    def apply(self, manifest: dict | list, *, server_side: bool = False) -> subprocess.CompletedProcess[str]:
         """Apply a manifest dict (or list of dicts) given as JSON on stdin."""
         docs = manifest if isinstance(manifest, list) else [manifest]
         body = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
         args = ["apply", "-f", "-"] + (["--server-side"] if server_side else [])
         return self.kubectl(*args, input=body)
 
-    def helm(
-        self, *args: str, check: bool = True, timeout: float = 300
-    ) -> subprocess.CompletedProcess[str]:
+    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         cmd = [str(self.helm_path), "--kubeconfig", str(self.kubeconfig), *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.env)
         if check and proc.returncode != 0:
-            pytest.fail(
-                f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-            )
+            pytest.fail(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
         return proc
 
     @property
@@ -179,9 +173,7 @@ class KubeCluster:
 
 def _cluster_paths() -> dict[str, Path]:
     v = _versions()
-    cache = Path(
-        os.environ.get("ENVPOOL_CLUSTER_CACHE", Path.home() / ".cache" / "envpool-cluster")
-    )
+    cache = Path(os.environ.get("ENVPOOL_CLUSTER_CACHE", Path.home() / ".cache" / "envpool-cluster"))
     state = Path(os.environ.get("ENVPOOL_CLUSTER_STATE", cache / "state"))
     return {
         "cache": cache,
@@ -207,9 +199,7 @@ def kube_cluster() -> Iterator[KubeCluster]:
     except subprocess.TimeoutExpired as exc:
         out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         err = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        pytest.fail(
-            f"tests/cluster/up.sh timed out after {timeout:.0f}s\n{out}\n{err}", pytrace=False
-        )
+        pytest.fail(f"tests/cluster/up.sh timed out after {timeout:.0f}s\n{out}\n{err}", pytrace=False)
     output = f"{proc.stderr}\n{proc.stdout}"
     if proc.returncode != 0:
         pytest.fail(
@@ -219,9 +209,7 @@ def kube_cluster() -> Iterator[KubeCluster]:
         )
     m = re.search(r"^export KUBECONFIG=(.+)$", proc.stdout, re.M)
     if not m:
-        pytest.fail(
-            f"tests/cluster/up.sh printed no 'export KUBECONFIG=' line:\n{output}", pytrace=False
-        )
+        pytest.fail(f"tests/cluster/up.sh printed no 'export KUBECONFIG=' line:\n{output}", pytrace=False)
     paths = _cluster_paths()
     cluster = KubeCluster(
         kubeconfig=Path(m.group(1).strip()),
@@ -235,20 +223,15 @@ def kube_cluster() -> Iterator[KubeCluster]:
         started_here="reusing" not in proc.stderr,
         up_output=output,
     )
-    print(
-        f"\n[kube_cluster] up.sh took {time.monotonic() - t0:.1f}s "
-        f"({'started' if cluster.started_here else 'reused'}); KUBECONFIG={cluster.kubeconfig}"
-    )
+    print(f"\n[kube_cluster] up.sh took {time.monotonic() - t0:.1f}s "
+          f"({'started' if cluster.started_here else 'reused'}); KUBECONFIG={cluster.kubeconfig}")
     yield cluster
     if cluster.started_here and os.environ.get("ENVPOOL_CLUSTER_KEEP") != "1":
         down = subprocess.run(
             ["bash", str(CLUSTER_DIR / "down.sh")], capture_output=True, text=True, timeout=300
         )
         if down.returncode != 0:
-            warnings.warn(
-                f"tests/cluster/down.sh failed ({down.returncode}):\n{down.stderr}\n{down.stdout}",
-                stacklevel=2,
-            )
+            warnings.warn(f"tests/cluster/down.sh failed ({down.returncode}):\n{down.stderr}\n{down.stdout}", stacklevel=2)
 
 
 def _ns_name(node: pytest.Item) -> str:
@@ -263,19 +246,12 @@ def namespace(kube_cluster: KubeCluster, request: pytest.FixtureRequest) -> Iter
     kube_cluster.kubectl("create", "namespace", name)
     # pods are rejected until the service-account controller made "default"
     wait_until(
-        lambda: (
-            kube_cluster.kubectl(
-                "get", "serviceaccount", "default", "-n", name, check=False
-            ).returncode
-            == 0
-        ),
+        lambda: kube_cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
         timeout=30,
         what=f"serviceaccount default in {name}",
     )
     yield name
-    kube_cluster.kubectl(
-        "delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False
-    )
+    kube_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if kube_cluster.kubectl("get", "namespace", name, check=False).returncode != 0:
@@ -339,9 +315,7 @@ def _scrape_config(targets: Sequence[Any], job: str, interval: str, metrics_path
     plain = [t for t in targets if isinstance(t, str)]
     jobs: list[dict] = []
     if plain:
-        jobs.append(
-            {"job_name": job, "metrics_path": metrics_path, "static_configs": [{"targets": plain}]}
-        )
+        jobs.append({"job_name": job, "metrics_path": metrics_path, "static_configs": [{"targets": plain}]})
     for t in targets:
         if isinstance(t, dict):
             entry = {
@@ -354,20 +328,14 @@ def _scrape_config(targets: Sequence[Any], job: str, interval: str, metrics_path
         elif not isinstance(t, str):
             raise TypeError(f"scrape target must be 'host:port' or dict, not {t!r}")
     cfg = {
-        "global": {
-            "scrape_interval": interval,
-            "evaluation_interval": interval,
-            "scrape_timeout": interval,
-        },
+        "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
         "scrape_configs": jobs,
     }
     return json.dumps(cfg, indent=2)
 
 
 @pytest.fixture(scope="session")
-def prometheus(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Callable[..., PrometheusServer]]:
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., PrometheusServer]]:
     """Factory: ``prometheus(targets=["127.0.0.1:9100"], job="envpool", scrape_interval="1s")``.
 
     Starts Debian's prometheus on 127.0.0.1 with a free port, a scrape config
@@ -386,10 +354,8 @@ def prometheus(
         timeout: float = 30,
     ) -> PrometheusServer:
         if not os.access(binary, os.X_OK):
-            pytest.fail(
-                "prometheus not found: install Debian's package (apt-get install -y prometheus)",
-                pytrace=False,
-            )
+            pytest.fail("prometheus not found: install Debian's package (apt-get install -y prometheus)",
+                        pytrace=False)
         base = tmp_path_factory.mktemp("prometheus")
         cfg = base / "prometheus.yml"
         cfg.write_text(_scrape_config(targets, job, scrape_interval, metrics_path))
@@ -416,10 +382,7 @@ def prometheus(
 
         def ready() -> bool:
             if proc.poll() is not None:
-                pytest.fail(
-                    f"prometheus exited with {proc.returncode}:\n{log_path.read_text()}",
-                    pytrace=False,
-                )
+                pytest.fail(f"prometheus exited with {proc.returncode}:\n{log_path.read_text()}", pytrace=False)
             try:
                 with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as resp:
                     return resp.status == 200

@@ -70,9 +70,8 @@ class Watcher:
     found by a re-list is stamped when found, i.e. a little late, never early).
     """
 
-    def __init__(
-        self, api: Any, ns: str, group: str, version: str, plural: str, pred: Any = None
-    ) -> None:
+    def __init__(self, api: Any, ns: str, group: str, version: str, plural: str,
+                 pred: Any = None) -> None:
         self.seen: dict[str, float] = {}
         self.matched: dict[str, float] = {}
         self.pred = pred
@@ -103,20 +102,19 @@ class Watcher:
         while not self.stopped.is_set():
             self.watch = kubernetes.watch.Watch()
             try:
-                for event in self.watch.stream(
-                    self.api.list_namespaced_custom_object,
-                    *self.args,
-                    resource_version=rv,
-                    timeout_seconds=300,
-                ):
+                for event in self.watch.stream(self.api.list_namespaced_custom_object,
+                                               *self.args, resource_version=rv,
+                                               timeout_seconds=300):
                     if event.get("type") == "ERROR":  # e.g. 410 Gone: list again
                         break
                     self._on(event.get("object") or {})
-                    rv = (event.get("object") or {}).get("metadata", {}).get("resourceVersion", rv)
+                    rv = (event.get("object") or {}).get("metadata", {}).get(
+                        "resourceVersion", rv)
             except Exception as exc:
                 if self.stopped.is_set():
                     return
-                print(f"watch {self.args[-1]} interrupted: {exc!r}; listing again", file=sys.stderr)
+                print(f"watch {self.args[-1]} interrupted: {exc!r}; listing again",
+                      file=sys.stderr)
             if not self.stopped.is_set():
                 self.restarts += 1
                 rv = self._list()
@@ -144,12 +142,9 @@ def _doc(name: str, **spec_over: Any) -> dict[str, Any]:
     # The image is explicit so that any other operator watching all
     # namespaces of this shared cluster builds the same RayCluster (an
     # operator-default image of its own would roll the pods back and forth).
-    spec: dict[str, Any] = {
-        "env": {"id": "CartPole-v1"},
-        "replicas": 16,
-        "envsPerActor": 8,
-        "ray": {"image": IMAGE, "head": {"resources": SMALL}, "worker": {"resources": SMALL}},
-    }
+    spec: dict[str, Any] = {"env": {"id": "CartPole-v1"}, "replicas": 16, "envsPerActor": 8,
+                            "ray": {"image": IMAGE, "head": {"resources": SMALL},
+                                    "worker": {"resources": SMALL}}}
     spec.update(spec_over)
     return {"apiVersion": f"{G}/{V}", "kind": "EnvPool", "metadata": {"name": name}, "spec": spec}
 
@@ -176,70 +171,37 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     kubeconfig = os.environ.get("KUBECONFIG")
     if not kubeconfig:
-        print('set KUBECONFIG (eval "$(bash tests/cluster/up.sh)")', file=sys.stderr)
+        print("set KUBECONFIG (eval \"$(bash tests/cluster/up.sh)\")", file=sys.stderr)
         return 2
     kubectl = Path.home() / ".cache/envpool-cluster/kubernetes-v1.36.3/bin/kubectl"
-    subprocess.run(
-        [str(kubectl), "apply", "--server-side", "--force-conflicts", "-f", str(CRD)],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        [
-            str(kubectl),
-            "wait",
-            "--for=condition=Established",
-            "crd/envpools.envpool.dev",
-            "--timeout=60s",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    subprocess.run([str(kubectl), "apply", "--server-side", "--force-conflicts", "-f", str(CRD)],
+                   check=True, capture_output=True)
+    subprocess.run([str(kubectl), "wait", "--for=condition=Established",
+                    "crd/envpools.envpool.dev", "--timeout=60s"], check=True, capture_output=True)
     client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
     core = kubernetes.client.CoreV1Api(client)
     custom = kubernetes.client.CustomObjectsApi(client)
     ns = f"figures-{secrets.token_hex(3)}"
     core.create_namespace({"metadata": {"name": ns}})
-    _wait(
-        lambda: any(
-            sa.metadata.name == "default" for sa in core.list_namespaced_service_account(ns).items
-        ),
-        30,
-        "default ServiceAccount",
-    )
+    _wait(lambda: any(sa.metadata.name == "default"
+                      for sa in core.list_namespaced_service_account(ns).items),
+          30, "default ServiceAccount")
 
     metrics_port, health_port = _free_port(), _free_port()
     log = open(f"/tmp/envpool-operator-figures-{ns}.log", "wb")  # noqa: SIM115
-    env = {
-        **os.environ,
-        "ENVPOOL_IMAGE": "registry.example/envpool:figures",
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = {**os.environ, "ENVPOOL_IMAGE": "registry.example/envpool:figures",
+           "PYTHONUNBUFFERED": "1"}
     op = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("envpool")),
-            "operator",
-            "--namespace",
-            ns,
-            "--standalone",
-            "--metrics-port",
-            str(metrics_port),
-            "--liveness",
-            f"http://127.0.0.1:{health_port}/healthz",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=REPO,
-    )
+        [str(Path(sys.executable).with_name("envpool")), "operator", "--namespace", ns,
+         "--standalone", "--metrics-port", str(metrics_port),
+         "--liveness", f"http://127.0.0.1:{health_port}/healthz"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     figures: dict[str, Any] = {}
     try:
-
         def alive() -> bool:
             try:
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{health_port}/healthz", timeout=1
-                ) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz",
+                                            timeout=1) as r:
                     return bool(r.status == 200)
             except OSError:
                 return False
@@ -249,9 +211,8 @@ def main() -> int:
 
         # 1. latency, one pool at a time (the operator otherwise idle)
         rc_watch = Watcher(custom, ns, "ray.io", "v1", "rayclusters")
-        ready_watch = Watcher(
-            custom, ns, G, V, P, lambda o: (o.get("status") or {}).get("phase") == "Ready"
-        )
+        ready_watch = Watcher(custom, ns, G, V, P,
+                              lambda o: (o.get("status") or {}).get("phase") == "Ready")
         applied: dict[str, float] = {}
         for i in range(args.latency_pools):
             name = f"lat-{i:03d}"
@@ -273,28 +234,18 @@ def main() -> int:
         # 2. a burst of N pools at once
         def reconciled(o: dict[str, Any]) -> bool:
             st = o.get("status") or {}
-            return bool(st.get("rayCluster")) and st.get("observedGeneration") == o["metadata"].get(
-                "generation"
-            )
+            return bool(st.get("rayCluster")) and st.get("observedGeneration") == o[
+                "metadata"].get("generation")
 
         done_watch = Watcher(custom, ns, G, V, P, reconciled)
-        final_watch = Watcher(
-            custom,
-            ns,
-            G,
-            V,
-            P,
-            lambda o: (
-                (o.get("status") or {}).get("phase") == "Suspended"
-                and _cond(o, "RayClusterReady").get("status") == "True"
-            ),
-        )
+        final_watch = Watcher(custom, ns, G, V, P,
+                              lambda o: (o.get("status") or {}).get("phase") == "Suspended"
+                              and _cond(o, "RayClusterReady").get("status") == "True")
         # Suspended (head pod only, small) so N head pods fit on the 4 kwok
         # nodes next to other work; the operator does the same work per pool.
-        docs = [
-            _doc(f"bulk-{i:03d}", suspend=True, ray={"image": IMAGE, "head": {"resources": SMALL}})
-            for i in range(args.bulk)
-        ]
+        docs = [_doc(f"bulk-{i:03d}", suspend=True,
+                     ray={"image": IMAGE, "head": {"resources": SMALL}})
+                for i in range(args.bulk)]
         t0 = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda d: custom.create_namespaced_custom_object(G, V, ns, P, d), docs))
@@ -303,14 +254,10 @@ def main() -> int:
         names = [d["metadata"]["name"] for d in docs]
         _wait(lambda: all(n in done_watch.matched for n in names), 900, "bulk reconciled")
         figures["bulk_all_reconciled_s"] = round(max(done_watch.matched[n] for n in names) - t0, 2)
-        _wait(
-            lambda: all(n in final_watch.matched for n in names),
-            900,
-            "bulk Suspended with head pods ready",
-        )
+        _wait(lambda: all(n in final_watch.matched for n in names), 900,
+              "bulk Suspended with head pods ready")
         figures["bulk_all_heads_ready_s"] = round(
-            max(final_watch.matched[n] for n in names) - t0, 2
-        )
+            max(final_watch.matched[n] for n in names) - t0, 2)
         done_watch.stop()
         final_watch.stop()
         figures["watch_restarts"] = done_watch.restarts + final_watch.restarts
@@ -322,18 +269,13 @@ def main() -> int:
         figures["operator_reconciles"] = {
             line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
-            if line.startswith("envpool_operator_reconciles_total{")
-        }
-        samples = {
-            line.split(" ")[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("envpool_operator_reconcile_duration_seconds_")
-        }
+            if line.startswith("envpool_operator_reconciles_total{")}
+        samples = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("envpool_operator_reconcile_duration_seconds_")}
         count = samples.get("envpool_operator_reconcile_duration_seconds_count", 0.0)
         if count:
             figures["reconcile_duration_mean_s"] = round(
-                samples["envpool_operator_reconcile_duration_seconds_sum"] / count, 3
-            )
+                samples["envpool_operator_reconcile_duration_seconds_sum"] / count, 3)
         figures["operator_cpu_s"] = round(_cpu_s(op.pid), 1)
         with open("/proc/loadavg") as f:
             figures["loadavg_1_5_15"] = f.read().split()[:3]

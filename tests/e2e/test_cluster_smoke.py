@@ -88,37 +88,20 @@ def test_control_plane_versions_and_nodes(kube_cluster: Any) -> None:
 def test_garbage_collector_deletes_dependents(kube_cluster: Any, namespace: str) -> None:
     """Owner -> dependent via ownerReferences, no operator involved: only the
     real kube-controller-manager's garbage collector can remove the dependent."""
-    kube_cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "owner", "namespace": namespace},
-        }
-    )
+    kube_cluster.apply({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "owner", "namespace": namespace}})
     uid = kube_cluster.kubectl_json("get", "configmap", "owner", "-n", namespace)["metadata"]["uid"]
-    kube_cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": "dependent",
-                "namespace": namespace,
-                "ownerReferences": [
-                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid}
-                ],
-            },
-        }
-    )
+    kube_cluster.apply({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "dependent", "namespace": namespace,
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+                                          "name": "owner", "uid": uid}]},
+    })
     kube_cluster.kubectl("delete", "configmap", "owner", "-n", namespace, "--cascade=background")
     kube_cluster.wait_until(
-        lambda: (
-            kube_cluster.kubectl(
-                "get", "configmap", "dependent", "-n", namespace, check=False
-            ).returncode
-            != 0
-        ),
-        timeout=60,
-        what="garbage collection of configmap/dependent",
+        lambda: kube_cluster.kubectl("get", "configmap", "dependent", "-n", namespace,
+                                     check=False).returncode != 0,
+        timeout=60, what="garbage collection of configmap/dependent",
     )
 
 
@@ -133,22 +116,14 @@ def test_raycluster_lifecycle(kube_cluster: Any, namespace: str) -> None:
         pods = _pods(kube_cluster, namespace, sel)
         return pods if len(pods) == 3 else None
 
-    pods = kube_cluster.wait_until(
-        pods_created, timeout=90, what="KubeRay to create 1 head + 2 worker pods"
-    )
+    pods = kube_cluster.wait_until(pods_created, timeout=90, what="KubeRay to create 1 head + 2 worker pods")
     types = sorted(p["metadata"]["labels"].get("ray.io/node-type") for p in pods)
     assert types == ["head", "worker", "worker"]
 
     svc = kube_cluster.wait_until(
-        lambda: [
-            s
-            for s in kube_cluster.kubectl_json("get", "services", "-n", namespace, "-l", sel)[
-                "items"
-            ]
-            if s["metadata"]["labels"].get("ray.io/node-type") == "head"
-        ],
-        timeout=60,
-        what="KubeRay head service",
+        lambda: [s for s in kube_cluster.kubectl_json("get", "services", "-n", namespace, "-l", sel)["items"]
+                 if s["metadata"]["labels"].get("ray.io/node-type") == "head"],
+        timeout=60, what="KubeRay head service",
     )[0]
     assert svc["metadata"]["name"] == f"{name}-head-svc"
     assert {p["name"] for p in svc["spec"]["ports"]} >= {"gcs-server", "dashboard", "client"}
@@ -158,9 +133,7 @@ def test_raycluster_lifecycle(kube_cluster: Any, namespace: str) -> None:
         pods = _pods(kube_cluster, namespace, sel)
         return pods if len(pods) == 3 and all(_running_ready(p) for p in pods) else None
 
-    pods = kube_cluster.wait_until(
-        all_ready, timeout=120, what="head and worker pods Running/Ready"
-    )
+    pods = kube_cluster.wait_until(all_ready, timeout=120, what="head and worker pods Running/Ready")
     for pod in pods:
         assert pod["spec"]["nodeName"].startswith("kwok-node-")
         owners = pod["metadata"]["ownerReferences"]
@@ -171,11 +144,8 @@ def test_raycluster_lifecycle(kube_cluster: Any, namespace: str) -> None:
         rc = kube_cluster.kubectl_json("get", "raycluster", name, "-n", namespace)
         status = rc.get("status", {})
         conds = {c["type"]: c["status"] for c in status.get("conditions", [])}
-        if (
-            status.get("state") == "ready"
-            and conds.get("HeadPodReady") == "True"
-            and conds.get("RayClusterProvisioned") == "True"
-        ):
+        if status.get("state") == "ready" and conds.get("HeadPodReady") == "True" \
+                and conds.get("RayClusterProvisioned") == "True":
             return rc
         return None
 
@@ -197,17 +167,11 @@ def test_raycluster_lifecycle(kube_cluster: Any, namespace: str) -> None:
 
     # 4. delete -> pods garbage-collected by kube-controller-manager (ownerReferences)
     kube_cluster.kubectl("delete", "raycluster", name, "-n", namespace, "--cascade=background")
+    kube_cluster.wait_until(lambda: not _pods(kube_cluster, namespace, sel), timeout=120,
+               what="pods of the deleted RayCluster to be garbage-collected")
     kube_cluster.wait_until(
-        lambda: not _pods(kube_cluster, namespace, sel),
-        timeout=120,
-        what="pods of the deleted RayCluster to be garbage-collected",
-    )
-    kube_cluster.wait_until(
-        lambda: (
-            not kube_cluster.kubectl_json("get", "services", "-n", namespace, "-l", sel)["items"]
-        ),
-        timeout=60,
-        what="head service to be garbage-collected",
+        lambda: not kube_cluster.kubectl_json("get", "services", "-n", namespace, "-l", sel)["items"],
+        timeout=60, what="head service to be garbage-collected",
     )
 
 
@@ -223,8 +187,5 @@ def test_prometheus_scrapes_kuberay_operator(kube_cluster: Any, prometheus) -> N
         return prom.query('up{job="kuberay-operator"} == 1')
 
     kube_cluster.wait_until(scraped, timeout=30, what="prometheus to scrape the KubeRay operator")
-    assert (
-        prom.query('controller_runtime_reconcile_total{controller="raycluster-controller"}')
-        is not None
-    )
+    assert prom.query('controller_runtime_reconcile_total{controller="raycluster-controller"}') is not None
     assert json.dumps(prom.targets())  # API answers

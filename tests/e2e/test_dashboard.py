@@ -95,9 +95,7 @@ def _descendants(pid: int) -> list[int]:
 
 def _cmdline(pid: int) -> str:
     try:
-        return (
-            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
 
@@ -125,18 +123,8 @@ class Proc:
 
 def _spawn(args: list[str], log_path: Path, env: dict[str, str]) -> Proc:
     log = open(log_path, "ab")  # noqa: SIM115 - owned by the child
-    return Proc(
-        subprocess.Popen(
-            args,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=REPO,
-            start_new_session=True,
-        ),
-        log_path,
-    )
+    return Proc(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env=env, cwd=REPO, start_new_session=True), log_path)
 
 
 @dataclass
@@ -151,19 +139,14 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(
-    kube_cluster: Any, prometheus: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Stack]:
+def stack(kube_cluster: Any, prometheus: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     kube = kube_cluster
     tmp = tmp_path_factory.mktemp("dashboard")
     workload_port, operator_port, health_port = _free_port(), _free_port(), _free_port()
-    prom = prometheus(
-        targets=[
-            {"job": "envpool", "targets": [f"127.0.0.1:{workload_port}"]},
-            {"job": "envpool-operator", "targets": [f"127.0.0.1:{operator_port}"]},
-        ],
-        scrape_interval="1s",
-    )
+    prom = prometheus(targets=[
+        {"job": "envpool", "targets": [f"127.0.0.1:{workload_port}"]},
+        {"job": "envpool-operator", "targets": [f"127.0.0.1:{operator_port}"]},
+    ], scrape_interval="1s")
     # the alert rules, evaluated every second on the same data
     cfg = json.loads(prom.config_path.read_text())
     cfg["rule_files"] = [str(ALERTS)]
@@ -172,58 +155,24 @@ def stack(
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     workload = _spawn(
-        [
-            str(ENVPOOL),
-            "run",
-            "--entrypoint",
-            "remote_env.examples:make_flaky_cartpole",
-            "--env-kwarg",
-            f"fail_every={FAIL_EVERY}",
-            "--pool",
-            POOL,
-            "--num-envs",
-            "4",
-            "--envs-per-actor",
-            "2",
-            "--seconds",
-            str(WORKLOAD_SECONDS),
-            "--metrics-port",
-            str(workload_port),
-        ],
-        tmp / "workload.log",
-        env,
-    )
+        [str(ENVPOOL), "run", "--entrypoint", "remote_env.examples:make_flaky_cartpole",
+         "--env-kwarg", f"fail_every={FAIL_EVERY}", "--pool", POOL, "--num-envs", "4",
+         "--envs-per-actor", "2", "--seconds", str(WORKLOAD_SECONDS), "--metrics-port", str(workload_port)],
+        tmp / "workload.log", env)
 
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     kube.kubectl("wait", "--for=condition=Established", "crd/envpools.envpool.dev", "--timeout=60s")
     ns = f"e2e-dashboard-{os.getpid()}"
     kube.kubectl("create", "namespace", ns)
     operator = _spawn(
-        [
-            sys.executable,
-            "-m",
-            "envpool_operator",
-            "--all-namespaces",
-            "--standalone",
-            "--metrics-port",
-            str(operator_port),
-            "--liveness",
-            f"http://127.0.0.1:{health_port}/healthz",
-        ],
+        [sys.executable, "-m", "envpool_operator", "--all-namespaces", "--standalone",
+         "--metrics-port", str(operator_port), "--liveness", f"http://127.0.0.1:{health_port}/healthz"],
         tmp / "operator.log",
-        {
-            **kube.env,
-            "PYTHONUNBUFFERED": "1",
-            "ENVPOOL_IMAGE": "registry.example/envpool:e2e",
-            "ENVPOOL_RESYNC_SECONDS": "10",
-        },
-    )
+        {**kube.env, "PYTHONUNBUFFERED": "1", "ENVPOOL_IMAGE": "registry.example/envpool:e2e",
+         "ENVPOOL_RESYNC_SECONDS": "10"})
     try:
-        kube.wait_until(
-            lambda: _up(f"http://127.0.0.1:{health_port}/healthz") or not operator.alive(),
-            timeout=60,
-            what="operator liveness",
-        )
+        kube.wait_until(lambda: _up(f"http://127.0.0.1:{health_port}/healthz") or not operator.alive(),
+                        timeout=60, what="operator liveness")
         assert operator.alive(), operator.log()[-3000:]
         doc = yaml.safe_load((REPO / "manifests" / "examples" / "cartpole.yaml").read_text())
         small = {"requests": {"cpu": "100m", "memory": "256Mi"}}  # kwok runs nothing
@@ -232,12 +181,8 @@ def stack(
         pool = doc["metadata"]["name"]
         # reconciled: the operator wrote a phase (any phase will do for the dashboard)
         kube.wait_until(
-            lambda: (kube.kubectl_json("get", "envpool", pool, "-n", ns).get("status") or {}).get(
-                "phase"
-            ),
-            timeout=120,
-            what=f"EnvPool {ns}/{pool} phase",
-        )
+            lambda: (kube.kubectl_json("get", "envpool", pool, "-n", ns).get("status") or {}).get("phase"),
+            timeout=120, what=f"EnvPool {ns}/{pool} phase")
         yield Stack(prom, workload, workload_port, operator, operator_port, ns, pool)
     finally:
         workload.stop()
@@ -268,35 +213,23 @@ def test_every_panel_has_data_with_its_labels(stack: Stack, kube_cluster: Any) -
     assert dashboard == gen.build_dashboard()
 
     # the workload is up and failing as designed
-    kube_cluster.wait_until(
-        lambda: _up(f"http://127.0.0.1:{stack.workload_port}/metrics") or not workload.alive(),
-        timeout=90,
-        what="workload /metrics",
-    )
+    kube_cluster.wait_until(lambda: _up(f"http://127.0.0.1:{stack.workload_port}/metrics") or not workload.alive(),
+                            timeout=90, what="workload /metrics")
     assert workload.alive(), workload.log()[-3000:]
     kube_cluster.wait_until(
         lambda: prom.query('sum(envpool_env_failures_total{reason="exception"}) > 0'),
-        timeout=60,
-        what="injected failures scraped",
-    )
+        timeout=60, what="injected failures scraped")
 
     # one env actor process killed for real: the pool must restart it
     actors = [p for p in _descendants(workload.proc.pid) if "SubEnvHost" in _cmdline(p)]
     assert actors, f"no SubEnvHost actor process under pid {workload.proc.pid}"
     os.kill(actors[0], signal.SIGKILL)
-    kube_cluster.wait_until(
-        lambda: prom.query("sum(envpool_actor_restarts_total) > 0"),
-        timeout=60,
-        what="actor restart scraped",
-    )
+    kube_cluster.wait_until(lambda: prom.query("sum(envpool_actor_restarts_total) > 0"), timeout=60,
+                            what="actor restart scraped")
 
     # every panel's every query, as Grafana sends it, has data (one shared deadline)
-    targets = [
-        (panel, target)
-        for panel in dashboard["panels"]
-        if panel["type"] != "row"
-        for target in panel["targets"]
-    ]
+    targets = [(panel, target) for panel in dashboard["panels"] if panel["type"] != "row"
+               for target in panel["targets"]]
     results: dict[int, list[dict[str, Any]]] = {}
     deadline = time.monotonic() + 60
     while len(results) < len(targets) and time.monotonic() < deadline:
@@ -304,11 +237,7 @@ def test_every_panel_has_data_with_its_labels(stack: Stack, kube_cluster: Any) -
             if i not in results and (got := prom.query(_grafana(target["expr"]))):
                 results[i] = got
         time.sleep(1)
-    empty = [
-        f"{p['title']!r}: {_grafana(t['expr'])}"
-        for i, (p, t) in enumerate(targets)
-        if i not in results
-    ]
+    empty = [f"{p['title']!r}: {_grafana(t['expr'])}" for i, (p, t) in enumerate(targets) if i not in results]
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
     figures: dict[str, Any] = {}
@@ -316,11 +245,8 @@ def test_every_panel_has_data_with_its_labels(stack: Stack, kube_cluster: Any) -
     for i, (panel, target) in enumerate(targets):
         expr, result = _grafana(target["expr"]), results[i]
         by = _by_labels(expr)
-        from_pool = (
-            "envpool_operator" not in expr
-            and "envpool_pool_phase" not in expr
+        from_pool = "envpool_operator" not in expr and "envpool_pool_phase" not in expr \
             and not expr.startswith("up")
-        )
         for s in result:
             labels = set(s["metric"]) - {"__name__"}
             if expr.startswith("up"):
@@ -335,8 +261,7 @@ def test_every_panel_has_data_with_its_labels(stack: Stack, kube_cluster: Any) -
             if from_pool:
                 pool_label.add(s["metric"]["pool"])
         figures[f"{panel['title']} [{target['refId']}]"] = {
-            json.dumps(s["metric"], sort_keys=True): _value(s) for s in result
-        }
+            json.dumps(s["metric"], sort_keys=True): _value(s) for s in result}
     assert pool_label == {POOL}, f"pool panels show pools {pool_label}, expected {POOL}"
 
     # values that match what was injected
@@ -346,36 +271,25 @@ def test_every_panel_has_data_with_its_labels(stack: Stack, kube_cluster: Any) -
         return sum(_value(s) for s in result)
 
     steps = one('sum(rate(envpool_env_steps_total{pool=~"$pool"}[$__rate_interval]))')
-    polls = one("sum(rate(envpool_polls_total[$__rate_interval]))")
+    polls = one('sum(rate(envpool_polls_total[$__rate_interval]))')
     failures = one('sum(rate(envpool_env_failures_total{reason="exception"}[$__rate_interval]))')
     assert steps > 0 and polls > 0
     assert 0.5 / FAIL_EVERY < failures / steps < 2 / FAIL_EVERY, (failures, steps)
     for q in (0.5, 0.99):
-        batch = one(
-            f"histogram_quantile({q}, sum by (le) (rate(envpool_poll_batch_size_bucket[$__rate_interval])))"
-        )
-        wait = one(
-            f"histogram_quantile({q}, sum by (le) (rate(envpool_poll_wait_seconds_bucket[$__rate_interval])))"
-        )
+        batch = one(f"histogram_quantile({q}, sum by (le) (rate(envpool_poll_batch_size_bucket[$__rate_interval])))")
+        wait = one(f"histogram_quantile({q}, sum by (le) (rate(envpool_poll_wait_seconds_bucket[$__rate_interval])))")
         assert 1 <= batch <= 4 and 0 < wait < 10 and not math.isnan(wait), (q, batch, wait)
         figures[f"batch p{int(q * 100)}"], figures[f"wait p{int(q * 100)} s"] = batch, wait
     assert one("sum(envpool_actor_restarts_total)") >= 1
     assert one("sum(envpool_env_restarts_total)") >= 1
     assert one('sum(envpool_envs{state="running"})') >= 1
-
     # the phase panel agrees with kubectl get epool
     def phase_agrees() -> bool:
-        shown = prom.query(
-            f'envpool_pool_phase{{namespace="{stack.namespace}", pool="{stack.pool}"}} == 1'
-        )
-        status = kube_cluster.kubectl_json("get", "envpool", stack.pool, "-n", stack.namespace)[
-            "status"
-        ]
+        shown = prom.query(f'envpool_pool_phase{{namespace="{stack.namespace}", pool="{stack.pool}"}} == 1')
+        status = kube_cluster.kubectl_json("get", "envpool", stack.pool, "-n", stack.namespace)["status"]
         return [s["metric"]["phase"] for s in shown] == [status["phase"]]
 
-    kube_cluster.wait_until(
-        phase_agrees, timeout=30, what="envpool_pool_phase == the EnvPool's phase"
-    )
+    kube_cluster.wait_until(phase_agrees, timeout=30, what="envpool_pool_phase == the EnvPool's phase")
     assert one('sum(envpool_operator_reconciles_total{result="success"})') >= 1
     assert one('up{job="envpool-operator"}') == 1
     figures.update(steps_per_s=steps, polls_per_s=polls, failures_per_s=failures)
@@ -384,10 +298,8 @@ def test_every_panel_has_data_with_its_labels(stack: Stack, kube_cluster: Any) -
     values = prom.api("series", **{"match[]": 'envpool_envs{namespace=~".*"}'})
     assert {s["pool"] for s in values} == pool_label
     FIGURES.write_text(json.dumps(figures, indent=2, sort_keys=True))
-    print(
-        f"\n[dashboard] steps/s {steps:.0f}  polls/s {polls:.0f}  failures/s {failures:.1f} "
-        f"(1/{steps / failures:.0f} steps)  figures: {FIGURES}"
-    )
+    print(f"\n[dashboard] steps/s {steps:.0f}  polls/s {polls:.0f}  failures/s {failures:.1f} "
+          f"(1/{steps / failures:.0f} steps)  figures: {FIGURES}")
 
 
 def test_alert_rules_evaluate_on_real_data(stack: Stack, kube_cluster: Any) -> None:
@@ -398,52 +310,28 @@ def test_alert_rules_evaluate_on_real_data(stack: Stack, kube_cluster: Any) -> N
     def loaded() -> dict[str, Any]:
         got = {r["name"]: r for g in prom.api("rules")["groups"] for r in g["rules"]}
         # health is "unknown" until the first evaluation
-        return (
-            got if set(got) == names and all(r["health"] != "unknown" for r in got.values()) else {}
-        )
+        return got if set(got) == names and all(r["health"] != "unknown" for r in got.values()) else {}
 
     got = kube_cluster.wait_until(loaded, timeout=30, what="alert rules loaded and evaluated")
     for name, rule in got.items():
         assert rule["health"] == "ok", (name, rule.get("lastError"))
 
     # the failure-rate alert's ratio is the injected rate (1 in FAIL_EVERY), over its 5% threshold
-    expr = next(
-        r["expr"]
-        for g in rules["groups"]
-        for r in g["rules"]
-        if r.get("alert") == "EnvPoolEnvFailureRateHigh"
-    )
+    expr = next(r["expr"] for g in rules["groups"] for r in g["rules"]
+                if r.get("alert") == "EnvPoolEnvFailureRateHigh")
     ratio_expr = expr.split(">")[0]
     ratio = kube_cluster.wait_until(lambda: prom.query(ratio_expr), timeout=30, what=ratio_expr)
     assert len(ratio) == 1 and 0.5 / FAIL_EVERY < _value(ratio[0]) < 2 / FAIL_EVERY, ratio
     kube_cluster.wait_until(
-        lambda: (
-            next(
-                r
-                for g in prom.api("rules")["groups"]
-                for r in g["rules"]
-                if r["name"] == "EnvPoolEnvFailureRateHigh"
-            )["state"]
-            == "pending"
-        ),
-        timeout=30,
-        what="EnvPoolEnvFailureRateHigh pending (its `for` is 10m)",
-    )
+        lambda: next(r for g in prom.api("rules")["groups"] for r in g["rules"]
+                     if r["name"] == "EnvPoolEnvFailureRateHigh")["state"] == "pending",
+        timeout=30, what="EnvPoolEnvFailureRateHigh pending (its `for` is 10m)")
     assert got["EnvPoolOperatorDown"]["state"] == "inactive"
 
     # the operator goes away: up == 0, and the operator-down alert goes pending
     stack.operator.stop()
     kube_cluster.wait_until(
-        lambda: (
-            next(
-                r
-                for g in prom.api("rules")["groups"]
-                for r in g["rules"]
-                if r["name"] == "EnvPoolOperatorDown"
-            )["state"]
-            == "pending"
-        ),
-        timeout=30,
-        what="EnvPoolOperatorDown pending after the operator stopped",
-    )
+        lambda: next(r for g in prom.api("rules")["groups"] for r in g["rules"]
+                     if r["name"] == "EnvPoolOperatorDown")["state"] == "pending",
+        timeout=30, what="EnvPoolOperatorDown pending after the operator stopped")
     assert prom.query('up{job="envpool-operator"} == 0')

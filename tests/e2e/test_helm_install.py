@@ -47,17 +47,8 @@ KUBE_VERSION = "v1.36.0"  # a helm built by `go install` defaults to v1.20
 PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
 MONITOR_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
 #: Kinds the chart can create, to prove `helm uninstall` removed them all.
-CHART_KINDS = (
-    "deployments",
-    "replicasets",
-    "pods",
-    "services",
-    "configmaps",
-    "serviceaccounts",
-    "roles",
-    "rolebindings",
-    "jobs",
-)
+CHART_KINDS = ("deployments", "replicasets", "pods", "services", "configmaps", "serviceaccounts",
+               "roles", "rolebindings", "jobs")
 CHART_CLUSTER_KINDS = ("clusterroles", "clusterrolebindings")
 
 
@@ -72,15 +63,7 @@ def _free_port() -> int:
 
 
 def _template(kube: Any, release: str, namespace: str, *sets: str) -> str:
-    args = [
-        "template",
-        release,
-        str(CHART),
-        "--namespace",
-        namespace,
-        "--kube-version",
-        KUBE_VERSION,
-    ]
+    args = ["template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
     for s in sets:
         args += ["--set", s]
     return str(kube.helm(*args).stdout)
@@ -89,10 +72,8 @@ def _template(kube: Any, release: str, namespace: str, *sets: str) -> str:
 def _create_namespace(kube: Any, name: str, restricted: bool = False) -> None:
     doc: dict[str, Any] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
     if restricted:
-        doc["metadata"]["labels"] = {
-            "pod-security.kubernetes.io/enforce": "restricted",
-            "pod-security.kubernetes.io/warn": "restricted",
-        }
+        doc["metadata"]["labels"] = {"pod-security.kubernetes.io/enforce": "restricted",
+                                     "pod-security.kubernetes.io/warn": "restricted"}
     kube.kubectl("apply", "-f", "-", input=json.dumps(doc))
 
 
@@ -119,9 +100,8 @@ def extra_namespace(kube_cluster: Any) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def envpool_crd(kube_cluster: Any) -> None:
     kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kube_cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/envpools.envpool.dev", "--timeout=60s"
-    )
+    kube_cluster.kubectl("wait", "--for=condition=Established", "crd/envpools.envpool.dev",
+                         "--timeout=60s")
 
 
 @pytest.fixture(scope="module")
@@ -129,22 +109,12 @@ def monitor_crds(kube_cluster: Any) -> None:
     """The real ServiceMonitor/PodMonitor/PrometheusRule CRDs, from the module proxy."""
     go = shutil.which("go")
     if go is None:  # tests/cluster/build.sh needs it too
-        pytest.fail(
-            "go not found in PATH (needed to fetch the prometheus-operator CRDs)", pytrace=False
-        )
+        pytest.fail("go not found in PATH (needed to fetch the prometheus-operator CRDs)", pytrace=False)
     # A module download (cached in GOMODCACHE), the same proxy build.sh uses.
     env = {**os.environ, "GOFLAGS": "-mod=mod", "GO111MODULE": "on"}
-    proc = subprocess.run(
-        [go, "mod", "download", "-json", PROMETHEUS_OPERATOR],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd="/",
-        timeout=300,
-    )
-    assert proc.returncode == 0, (
-        f"go mod download {PROMETHEUS_OPERATOR}:\n{proc.stdout}{proc.stderr}"
-    )
+    proc = subprocess.run([go, "mod", "download", "-json", PROMETHEUS_OPERATOR],
+                          capture_output=True, text=True, env=env, cwd="/", timeout=300)
+    assert proc.returncode == 0, f"go mod download {PROMETHEUS_OPERATOR}:\n{proc.stdout}{proc.stderr}"
     crd_dir = Path(json.loads(proc.stdout)["Dir"]) / "example" / "prometheus-operator-crd"
     files = [str(crd_dir / f"monitoring.coreos.com_{c}.yaml") for c in MONITOR_CRDS]
     args = [a for f in files for a in ("-f", f)]
@@ -158,9 +128,7 @@ def _token_kubeconfig(kube: Any, sa: str, ns: str, path: Path) -> Path:
     admin = json.loads(kube.kubectl("config", "view", "--raw", "--minify", "-o", "json").stdout)
     cluster = admin["clusters"][0]["cluster"]
     doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "sa",
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
         "clusters": [{"name": "kwok", "cluster": cluster}],
         "users": [{"name": sa, "user": {"token": token}}],
         "contexts": [{"name": "sa", "context": {"cluster": "kwok", "user": sa}}],
@@ -170,27 +138,18 @@ def _token_kubeconfig(kube: Any, sa: str, ns: str, path: Path) -> Path:
     return path
 
 
-def _as(
-    kube: Any, kubeconfig: Path, *args: str, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
+def _as(kube: Any, kubeconfig: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """kubectl with only the given kubeconfig (a ServiceAccount token)."""
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-    return subprocess.run(
-        [str(kube.kubectl_path), "--kubeconfig", str(kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        input=stdin,
-        env=env,
-        timeout=60,
-    )
+    return subprocess.run([str(kube.kubectl_path), "--kubeconfig", str(kubeconfig), *args],
+                          capture_output=True, text=True, input=stdin, env=env, timeout=60)
 
 
 def _refused(kube: Any, kubeconfig: Path, *args: str, stdin: str | None = None) -> None:
     proc = _as(kube, kubeconfig, *args, stdin=stdin)
     assert proc.returncode != 0 and "forbidden" in proc.stderr.lower(), (
         f"expected Forbidden for kubectl {' '.join(args)}; rc={proc.returncode}\n"
-        f"{proc.stdout}{proc.stderr}"
-    )
+        f"{proc.stdout}{proc.stderr}")
 
 
 def _allowed(kube: Any, kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
@@ -209,40 +168,18 @@ class OutOfClusterOperator:
     health_port: int
 
     @classmethod
-    def start(
-        cls, kube: Any, kubeconfig: Path, log_path: Path, *scope: str
-    ) -> OutOfClusterOperator:
+    def start(cls, kube: Any, kubeconfig: Path, log_path: Path, *scope: str) -> OutOfClusterOperator:
         metrics_port, health_port = _free_port(), _free_port()
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
-        }
-        env.update(
-            KUBECONFIG=str(kubeconfig),
-            ENVPOOL_IMAGE="registry.example/envpool:e2e",
-            ENVPOOL_RESYNC_SECONDS="30",
-            PYTHONUNBUFFERED="1",
-        )
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")}
+        env.update(KUBECONFIG=str(kubeconfig), ENVPOOL_IMAGE="registry.example/envpool:e2e",
+                   ENVPOOL_RESYNC_SECONDS="30", PYTHONUNBUFFERED="1")
         log = open(log_path, "ab")  # noqa: SIM115 - owned by the child
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "envpool_operator",
-                *scope,
-                "--standalone",
-                "--metrics-port",
-                str(metrics_port),
-                "--liveness",
-                f"http://127.0.0.1:{health_port}/healthz",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=REPO,
-        )
+            [sys.executable, "-m", "envpool_operator", *scope, "--standalone",
+             "--metrics-port", str(metrics_port),
+             "--liveness", f"http://127.0.0.1:{health_port}/healthz"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO)
         op = cls(proc, log_path, metrics_port, health_port)
         kube.wait_until(op.healthy, timeout=60, interval=0.2, what="operator liveness")
         return op
@@ -251,9 +188,7 @@ class OutOfClusterOperator:
         if self.proc.poll() is not None:
             pytest.fail(f"operator exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
         try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.health_port}/healthz", timeout=2
-            ) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as r:
                 return bool(r.status == 200)
         except OSError:
             return False
@@ -306,7 +241,8 @@ def _condition(pool: dict[str, Any], ctype: str) -> dict[str, Any]:
     return {}
 
 
-def _reconcile_to_ready(kube: Any, op: OutOfClusterOperator, ns: str, name: str, tmp: Path) -> None:
+def _reconcile_to_ready(kube: Any, op: OutOfClusterOperator, ns: str, name: str,
+                        tmp: Path) -> None:
     """Create an EnvPool (as the admin) and let the token-only operator make it Ready.
 
     The pool server's readiness report is written with the token of the
@@ -325,54 +261,22 @@ def _reconcile_to_ready(kube: Any, op: OutOfClusterOperator, ns: str, name: str,
     except pytest.fail.Exception:
         status = kube.kubectl_json("get", "envpool", name, "-n", ns).get("status") or {}
         tail = "\n".join(op.log().splitlines()[-15:])
-        pytest.fail(
-            f"EnvPool {ns}/{name} not reconciled by the operator holding only the chart's "
-            f"token; status.message: {status.get('message')!r}\noperator log "
-            f"({op.log_path}), last lines:\n{tail}",
-            pytrace=False,
-        )
-    pool_server = _token_kubeconfig(
-        kube, f"{name}-pool-server", ns, tmp / f"{ns}-{name}.kubeconfig"
-    )
+        pytest.fail(f"EnvPool {ns}/{name} not reconciled by the operator holding only the chart's "
+                    f"token; status.message: {status.get('message')!r}\noperator log "
+                    f"({op.log_path}), last lines:\n{tail}", pytrace=False)
+    pool_server = _token_kubeconfig(kube, f"{name}-pool-server", ns, tmp / f"{ns}-{name}.kubeconfig")
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    report = {
-        "status": {"pool": {"readyEnvs": 16, "desiredEnvs": 16, "restarts": 0, "updatedAt": now}}
-    }
-    _allowed(
-        kube,
-        pool_server,
-        "patch",
-        "envpool",
-        name,
-        "-n",
-        ns,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(report),
-    )
+    report = {"status": {"pool": {"readyEnvs": 16, "desiredEnvs": 16, "restarts": 0, "updatedAt": now}}}
+    _allowed(kube, pool_server, "patch", "envpool", name, "-n", ns, "--subresource=status",
+             "--type=merge", "-p", json.dumps(report))
     kube.wait_until(
-        lambda: (
-            (kube.kubectl_json("get", "envpool", name, "-n", ns).get("status") or {}).get("phase")
-            == "Ready"
-        ),
-        timeout=60,
-        what=f"EnvPool {ns}/{name} Ready",
-    )
+        lambda: (kube.kubectl_json("get", "envpool", name, "-n", ns).get("status") or {})
+        .get("phase") == "Ready",
+        timeout=60, what=f"EnvPool {ns}/{name} Ready")
     # the pool server's token: its own EnvPool only, status only, nothing else
     _allowed(kube, pool_server, "get", "envpool", name, "-n", ns)
-    _refused(
-        kube,
-        pool_server,
-        "patch",
-        "envpool",
-        name,
-        "-n",
-        ns,
-        "--type=merge",
-        "-p",
-        '{"spec":{"replicas":32}}',
-    )
+    _refused(kube, pool_server, "patch", "envpool", name, "-n", ns, "--type=merge",
+             "-p", '{"spec":{"replicas":32}}')
     _refused(kube, pool_server, "get", "envpools", "-n", ns)
     _refused(kube, pool_server, "get", "secrets", "-n", ns)
     _refused(kube, pool_server, "get", "configmaps", "-n", ns)
@@ -388,66 +292,35 @@ def _operator_refused(kube: Any, token: Path, ns: str) -> None:
     _refused(kube, token, "delete", "envpools", "--all", "-n", ns)
     _refused(kube, token, "get", "namespaces")
     _refused(kube, token, "get", "nodes")
-    _refused(
-        kube,
-        token,
-        "create",
-        "clusterrolebinding",
-        "x",
-        "--clusterrole=cluster-admin",
-        "--serviceaccount=default:default",
-    )
+    _refused(kube, token, "create", "clusterrolebinding", "x", "--clusterrole=cluster-admin",
+             "--serviceaccount=default:default")
     _refused(kube, token, "create", "namespace", "e2e-should-not-exist")
 
 
 def _chart_objects(kube: Any, release: str) -> list[str]:
     sel = f"app.kubernetes.io/instance={release}"
     out = kube.kubectl("get", ",".join(CHART_KINDS), "-A", "-l", sel, "-o", "name").stdout.split()
-    out += kube.kubectl(
-        "get", ",".join(CHART_CLUSTER_KINDS), "-l", sel, "-o", "name"
-    ).stdout.split()
+    out += kube.kubectl("get", ",".join(CHART_CLUSTER_KINDS), "-l", sel, "-o", "name").stdout.split()
     return list(out)
 
 
 # --------------------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize(
-    "sets",
-    [
-        (),
-        (
-            "operator.watchNamespaces={team-a,team-b}",
-            "image.repository=registry.example/me/envpool",
-            "image.tag=1.2.3",
-            "dashboard.namespace=monitoring",
-        ),
-        (
-            "metrics.serviceMonitor.enabled=true",
-            "metrics.podMonitor.enabled=true",
-            "metrics.prometheusRule.enabled=true",
-            "metrics.serviceMonitor.labels.release=kps",
-            "service.annotations.example\\.com/team=rl",
-        ),
-        (
-            "metrics.podMonitor.enabled=true",
-            "operator.watchNamespaces={team-a}",
-            "rbac.create=false",
-            "serviceAccount.create=false",
-            "serviceAccount.name=existing",
-            "dashboard.enabled=false",
-            "tests.enabled=false",
-        ),
-    ],
-    ids=["defaults", "watch-namespaces", "monitors", "bring-your-own-rbac"],
-)
+@pytest.mark.parametrize("sets", [
+    (),
+    ("operator.watchNamespaces={team-a,team-b}", "image.repository=registry.example/me/envpool",
+     "image.tag=1.2.3", "dashboard.namespace=monitoring"),
+    ("metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true",
+     "metrics.prometheusRule.enabled=true", "metrics.serviceMonitor.labels.release=kps",
+     "service.annotations.example\\.com/team=rl"),
+    ("metrics.podMonitor.enabled=true", "operator.watchNamespaces={team-a}", "rbac.create=false",
+     "serviceAccount.create=false", "serviceAccount.name=existing", "dashboard.enabled=false",
+     "tests.enabled=false"),
+], ids=["defaults", "watch-namespaces", "monitors", "bring-your-own-rbac"])
 def test_helm_template_is_accepted_by_the_api_server(
-    kube_cluster: Any,
-    envpool_crd: None,
-    monitor_crds: None,
-    extra_namespace: Any,
-    sets: tuple[str, ...],
-) -> None:
+        kube_cluster: Any, envpool_crd: None, monitor_crds: None, extra_namespace: Any,
+        sets: tuple[str, ...]) -> None:
     kube = kube_cluster
     ns = extra_namespace("tpl", restricted=True)
     # every namespace the rendered objects go to must exist for a server-side dry run
@@ -470,53 +343,35 @@ def test_helm_template_is_accepted_by_the_api_server(
 
 
 def test_plain_manifests_install_under_restricted_pod_security(
-    kube_cluster: Any, envpool_crd: None
-) -> None:
+        kube_cluster: Any, envpool_crd: None) -> None:
     """``kubectl apply --server-side -f manifests/crd/ -f manifests/install/`` for real."""
     kube = kube_cluster
     docs = [d for d in yaml.safe_load_all(INSTALL.read_text()) if d]
     ns = docs[0]["metadata"]["name"]
     if kube.kubectl("get", "namespace", ns, check=False).returncode == 0:
-        pytest.fail(
-            f"namespace {ns} exists already: a previous run did not clean up", pytrace=False
-        )
+        pytest.fail(f"namespace {ns} exists already: a previous run did not clean up", pytrace=False)
     try:
         kube.kubectl("apply", "--server-side", "-f", str(CRD), "-f", str(INSTALL))
         assert docs[0]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
         # the ReplicaSet's pod passes the restricted admission check and is scheduled
         (dep,) = [d for d in docs if d["kind"] == "Deployment"]
-        kube.kubectl(
-            "rollout", "status", f"deployment/{dep['metadata']['name']}", "-n", ns, "--timeout=90s"
-        )
+        kube.kubectl("rollout", "status", f"deployment/{dep['metadata']['name']}", "-n", ns,
+                     "--timeout=90s")
         pods = kube.kubectl_json("get", "pods", "-n", ns)["items"]
         assert len(pods) == 1 and pods[0]["spec"]["nodeName"].startswith("kwok-node-"), pods
         assert pods[0]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
         cm = kube.kubectl_json("get", "configmap", "-n", ns, "-l", "grafana_dashboard=1")["items"]
-        assert (
-            len(cm) == 1 and json.loads(cm[0]["data"]["envpool.json"])["uid"] == "envpool-overview"
-        )
+        assert len(cm) == 1 and json.loads(cm[0]["data"]["envpool.json"])["uid"] == "envpool-overview"
     finally:
-        kube.kubectl(
-            "delete", "-f", str(INSTALL), "--wait=false", "--ignore-not-found", check=False
-        )
-    kube.wait_until(
-        lambda: kube.kubectl("get", "namespace", ns, check=False).returncode != 0,
-        timeout=120,
-        what=f"namespace {ns} deleted",
-    )
-    assert not kube.kubectl(
-        "get",
-        "clusterrole,clusterrolebinding",
-        "-o",
-        "name",
-        "-l",
-        "app.kubernetes.io/instance=envpool-operator",
-    ).stdout.strip()
+        kube.kubectl("delete", "-f", str(INSTALL), "--wait=false", "--ignore-not-found", check=False)
+    kube.wait_until(lambda: kube.kubectl("get", "namespace", ns, check=False).returncode != 0,
+                    timeout=120, what=f"namespace {ns} deleted")
+    assert not kube.kubectl("get", "clusterrole,clusterrolebinding", "-o", "name",
+                            "-l", "app.kubernetes.io/instance=envpool-operator").stdout.strip()
 
 
 def test_helm_install_test_rbac_upgrade_uninstall(
-    kube_cluster: Any, envpool_crd: None, extra_namespace: Any, tmp_path: Path
-) -> None:
+        kube_cluster: Any, envpool_crd: None, extra_namespace: Any, tmp_path: Path) -> None:
     kube = kube_cluster
     release = f"ep-{secrets.token_hex(3)}"
     system = extra_namespace("helm", restricted=True)
@@ -530,19 +385,8 @@ def test_helm_install_test_rbac_upgrade_uninstall(
         # ---- install: the operator pod is admitted under restricted PSS and becomes Available
         t0 = time.monotonic()
         installed = True  # a failed install leaves a release behind too
-        kube.helm(
-            "install",
-            release,
-            str(CHART),
-            *common,
-            "--wait",
-            "--timeout",
-            "120s",
-            "--set",
-            "image.repository=registry.example/envpool",
-            "--set",
-            "image.tag=e2e",
-        )
+        kube.helm("install", release, str(CHART), *common, "--wait", "--timeout", "120s",
+                  "--set", "image.repository=registry.example/envpool", "--set", "image.tag=e2e")
         install_s = time.monotonic() - t0
         notes = kube.helm("get", "notes", release, *common).stdout
         assert f"kubectl -n {system} rollout status deployment/{sa}" in notes
@@ -553,10 +397,8 @@ def test_helm_install_test_rbac_upgrade_uninstall(
         assert container["image"] == env["ENVPOOL_IMAGE"] == "registry.example/envpool:e2e"
         assert dep["status"]["availableReplicas"] == 1
         crd = kube.kubectl_json("get", "crd", "envpools.envpool.dev")
-        assert any(
-            c["type"] == "Established" and c["status"] == "True"
-            for c in crd["status"]["conditions"]
-        )
+        assert any(c["type"] == "Established" and c["status"] == "True"
+                   for c in crd["status"]["conditions"])
 
         # ---- helm test: the hook Job completes (kwok completes Job pods)
         proc = kube.helm("test", release, *common, "--timeout", "120s")
@@ -564,9 +406,7 @@ def test_helm_install_test_rbac_upgrade_uninstall(
 
         # ---- RBAC, all-namespaces mode: the operator with only the chart's token
         token = _token_kubeconfig(kube, sa, system, tmp_path / "operator.kubeconfig")
-        op = OutOfClusterOperator.start(
-            kube, token, tmp_path / "operator-all.log", "--all-namespaces"
-        )
+        op = OutOfClusterOperator.start(kube, token, tmp_path / "operator-all.log", "--all-namespaces")
         t0 = time.monotonic()
         _reconcile_to_ready(kube, op, team_a, "pool-a", tmp_path)
         ready_s = time.monotonic() - t0
@@ -575,56 +415,28 @@ def test_helm_install_test_rbac_upgrade_uninstall(
         assert "Forbidden" not in op.log() and " 403" not in op.log(), op.log()[-3000:]
         _operator_refused(kube, token, team_a)
         # the helm test's own script passes against this operator's /metrics
-        job = next(
-            d
-            for d in yaml.safe_load_all(_template(kube, release, system))
-            if d and d["kind"] == "Job"
-        )
+        job = next(d for d in yaml.safe_load_all(_template(kube, release, system)) if d and d["kind"] == "Job")
         (tc,) = job["spec"]["template"]["spec"]["containers"]
-        script = subprocess.run(
-            [sys.executable, *tc["command"][1:]],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "METRICS_URL": op.metrics_url},
-            timeout=30,
-        )
-        assert script.returncode == 0 and script.stdout.startswith("ok: "), (
-            script.stdout + script.stderr
-        )
+        script = subprocess.run([sys.executable, *tc["command"][1:]], capture_output=True, text=True,
+                                env={**os.environ, "METRICS_URL": op.metrics_url}, timeout=30)
+        assert script.returncode == 0 and script.stdout.startswith("ok: "), script.stdout + script.stderr
         op.stop()
         op = None
 
         # ---- upgrade: only team-a, new image tag
-        kube.helm(
-            "upgrade",
-            release,
-            str(CHART),
-            *common,
-            "--reuse-values",
-            "--wait",
-            "--timeout",
-            "120s",
-            "--set",
-            f"operator.watchNamespaces={{{team_a}}}",
-            "--set",
-            "image.tag=e2e-2",
-        )
+        kube.helm("upgrade", release, str(CHART), *common, "--reuse-values", "--wait", "--timeout", "120s",
+                  "--set", f"operator.watchNamespaces={{{team_a}}}", "--set", "image.tag=e2e-2")
         dep = kube.kubectl_json("get", "deployment", sa, "-n", system)
         (container,) = dep["spec"]["template"]["spec"]["containers"]
         assert container["image"] == "registry.example/envpool:e2e-2"
-        assert (
-            f"--namespace={team_a}" in container["args"]
-            and "--all-namespaces" not in container["args"]
-        )
+        assert f"--namespace={team_a}" in container["args"] and "--all-namespaces" not in container["args"]
         assert kube.kubectl_json("get", "role", sa, "-n", team_a)["rules"]
         rules = kube.kubectl_json("get", "clusterrole", sa)["rules"]
         assert [r["resources"] for r in rules] == [["customresourcedefinitions"]]
         assert kube.helm("history", release, *common, "-o", "json").stdout.count('"revision"') == 2
 
         # ---- RBAC, namespaced mode: same token, Role in team-a only
-        op = OutOfClusterOperator.start(
-            kube, token, tmp_path / "operator-ns.log", "--namespace", team_a
-        )
+        op = OutOfClusterOperator.start(kube, token, tmp_path / "operator-ns.log", "--namespace", team_a)
         t0 = time.monotonic()
         _reconcile_to_ready(kube, op, team_a, "pool-a2", tmp_path)
         ready_ns_s = time.monotonic() - t0
@@ -645,24 +457,16 @@ def test_helm_install_test_rbac_upgrade_uninstall(
         # ---- uninstall: nothing left but the CRD (and the users' EnvPools)
         kube.helm("uninstall", release, *common, "--wait", "--timeout", "120s")
         installed = False
-        kube.wait_until(
-            lambda: not _chart_objects(kube, release),
-            timeout=90,
-            what=f"no objects of release {release}",
-        )
+        kube.wait_until(lambda: not _chart_objects(kube, release), timeout=90,
+                        what=f"no objects of release {release}")
         assert kube.kubectl("get", "crd", "envpools.envpool.dev", check=False).returncode == 0
         assert release not in kube.helm("list", "-A", "-q").stdout.split()
         assert kube.kubectl("get", "envpool", "pool-a", "-n", team_a, check=False).returncode == 0
         # the ServiceAccount is gone, so its token is dead
-        kube.wait_until(
-            lambda: "Unauthorized" in _as(kube, token, "get", "envpools", "-n", team_a).stderr,
-            timeout=60,
-            what="the deleted ServiceAccount's token to be rejected",
-        )
-        print(
-            f"\n[helm] install --wait {install_s:.1f}s; EnvPool Ready with the chart's token: "
-            f"all namespaces {ready_s:.1f}s, one namespace {ready_ns_s:.1f}s"
-        )
+        kube.wait_until(lambda: "Unauthorized" in _as(kube, token, "get", "envpools", "-n", team_a).stderr,
+                        timeout=60, what="the deleted ServiceAccount's token to be rejected")
+        print(f"\n[helm] install --wait {install_s:.1f}s; EnvPool Ready with the chart's token: "
+              f"all namespaces {ready_s:.1f}s, one namespace {ready_ns_s:.1f}s")
     finally:
         if op is not None:
             op.stop()

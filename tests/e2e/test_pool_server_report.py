@@ -53,9 +53,7 @@ def _token_kubeconfig(kube: Any, sa: str, ns: str, path: Path) -> Path:
     token = kube.kubectl("create", "token", sa, "-n", ns, "--duration=1h").stdout.strip()
     admin = json.loads(kube.kubectl("config", "view", "--raw", "--minify", "-o", "json").stdout)
     doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "sa",
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
         "clusters": [{"name": "c", "cluster": admin["clusters"][0]["cluster"]}],
         "users": [{"name": sa, "user": {"token": token}}],
         "contexts": [{"name": "sa", "context": {"cluster": "c", "user": sa}}],
@@ -66,17 +64,10 @@ def _token_kubeconfig(kube: Any, sa: str, ns: str, path: Path) -> Path:
 
 
 def _envpool(name: str, ns: str, replicas: int) -> dict[str, Any]:
-    return {
-        "apiVersion": spec.API_VERSION,
-        "kind": spec.KIND,
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "env": {"id": "CartPole-v1"},
-            "replicas": replicas,
-            "envsPerActor": 1,
-            "faultTolerance": {"restartBackoffSeconds": 0},
-        },
-    }
+    return {"apiVersion": spec.API_VERSION, "kind": spec.KIND,
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"env": {"id": "CartPole-v1"}, "replicas": replicas, "envsPerActor": 1,
+                     "faultTolerance": {"restartBackoffSeconds": 0}}}
 
 
 def test_serve_patches_only_its_own_envpool_status(
@@ -84,54 +75,32 @@ def test_serve_patches_only_its_own_envpool_status(
 ) -> None:
     kube = kube_cluster
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kube.kubectl("wait", "--for=condition=Established", "crd/envpools.envpool.dev", "--timeout=60s")
+    kube.kubectl("wait", "--for=condition=Established", "crd/envpools.envpool.dev",
+                 "--timeout=60s")
     doc = _envpool("reported", namespace, replicas=2)
     pool = spec.parse_spec(doc["spec"], name="reported", namespace=namespace)
-    kube.apply(
-        [
-            doc,
-            _envpool("bystander", namespace, replicas=1),
-            builders.build_service_account(pool),
-            builders.build_role(pool),
-            builders.build_role_binding(pool),
-        ]
-    )
-    kubeconfig = _token_kubeconfig(
-        kube, builders.service_account_name("reported"), namespace, tmp_path / "sa.kubeconfig"
-    )
+    kube.apply([doc, _envpool("bystander", namespace, replicas=1),
+                builders.build_service_account(pool), builders.build_role(pool),
+                builders.build_role_binding(pool)])
+    kubeconfig = _token_kubeconfig(kube, builders.service_account_name("reported"), namespace,
+                                   tmp_path / "sa.kubeconfig")
     config = tmp_path / builders.CONFIG_KEY
 
     def write_config(replicas: int) -> None:
-        p = spec.parse_spec(
-            {**doc["spec"], "replicas": replicas}, name="reported", namespace=namespace
-        )
+        p = spec.parse_spec({**doc["spec"], "replicas": replicas}, name="reported",
+                            namespace=namespace)
         config.write_text(builders.build_config_map(p)["data"][builders.CONFIG_KEY])
 
     write_config(2)
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-    env.update(
-        KUBECONFIG=str(kubeconfig), ENVPOOL_POOL_NAMESPACE=namespace, ENVPOOL_POOL_NAME="reported"
-    )
+    env.update(KUBECONFIG=str(kubeconfig), ENVPOOL_POOL_NAMESPACE=namespace,
+               ENVPOOL_POOL_NAME="reported")
     log = tmp_path / "serve.log"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "remote_env.serve_cli",
-            "--config",
-            str(config),
-            "--address",
-            local_ray,
-            "--http-port",
-            str(_free_port()),
-            "--health-interval",
-            "0.3",
-            "--destroy-on-exit",
-        ],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=REPO,
+        [sys.executable, "-m", "remote_env.serve_cli", "--config", str(config),
+         "--address", local_ray, "--http-port", str(_free_port()), "--health-interval", "0.3",
+         "--destroy-on-exit"],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, cwd=REPO,
     )
 
     def report(name: str = "reported") -> dict[str, Any]:
@@ -140,46 +109,24 @@ def test_serve_patches_only_its_own_envpool_status(
         return pool_status
 
     try:
-        got = kube.wait_until(
-            lambda: (r := report()).get("readyEnvs") == 2 and r,
-            timeout=120,
-            interval=0.5,
-            what=f"status.pool (log: {log})",
-        )
+        got = kube.wait_until(lambda: (r := report()).get("readyEnvs") == 2 and r,
+                              timeout=120, interval=0.5, what=f"status.pool (log: {log})")
         assert got["desiredEnvs"] == 2 and got["restarts"] == 0 and got["lastError"] == ""
         when = datetime.datetime.strptime(got["updatedAt"], "%Y-%m-%dT%H:%M:%SZ").replace(
-            tzinfo=datetime.timezone.utc
-        )
+            tzinfo=datetime.timezone.utc)
         assert abs((datetime.datetime.now(datetime.timezone.utc) - when).total_seconds()) < 60
 
         # the ConfigMap changes (kubectl scale): the report follows
         write_config(3)
-        kube.wait_until(
-            lambda: report().get("readyEnvs") == report().get("desiredEnvs") == 3,
-            timeout=120,
-            interval=0.5,
-            what=f"report after scaling (log: {log})",
-        )
+        kube.wait_until(lambda: report().get("readyEnvs") == report().get("desiredEnvs") == 3,
+                        timeout=120, interval=0.5, what=f"report after scaling (log: {log})")
         assert report("bystander") == {}  # never touched
         # and the token cannot touch it either
         refused = subprocess.run(
-            [
-                str(kube.kubectl_path),
-                "--kubeconfig",
-                str(kubeconfig),
-                "patch",
-                "envpool",
-                "bystander",
-                "-n",
-                namespace,
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                '{"status": {"pool": {"readyEnvs": 99}}}',
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
+            [str(kube.kubectl_path), "--kubeconfig", str(kubeconfig), "patch", "envpool",
+             "bystander", "-n", namespace, "--subresource=status", "--type=merge",
+             "-p", '{"status": {"pool": {"readyEnvs": 99}}}'],
+            capture_output=True, text=True, timeout=60,
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
         assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
@@ -187,18 +134,9 @@ def test_serve_patches_only_its_own_envpool_status(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log.read_text()[-3000:]
         # --destroy-on-exit: nothing of the pool is left on the Ray cluster
-        kube.wait_until(
-            lambda: (
-                not [
-                    a
-                    for a in ray.util.list_named_actors(all_namespaces=True)
-                    if a["namespace"] == "envpool-reported"
-                ]
-            ),
-            timeout=30,
-            interval=0.2,
-            what="the pool's actors gone",
-        )
+        kube.wait_until(lambda: not [a for a in ray.util.list_named_actors(all_namespaces=True)
+                                     if a["namespace"] == "envpool-reported"],
+                        timeout=30, interval=0.2, what="the pool's actors gone")
     finally:
         if proc.poll() is None:
             proc.kill()

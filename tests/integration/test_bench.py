@@ -29,29 +29,10 @@ def test_every_workload_runs_every_implementation(workload: str) -> None:
 
 def test_cli_json_shape() -> None:
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "remote_env.cli",
-            "bench",
-            "--workload",
-            "sleep1ms",
-            "--num-envs",
-            "2",
-            "--seconds",
-            "0.2",
-            "--reps",
-            "1",
-            "--json",
-            "--impl",
-            "remote_env",
-            "gymnasium_sync",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        check=True,
+        [sys.executable, "-m", "remote_env.cli", "bench", "--workload", "sleep1ms",
+         "--num-envs", "2", "--seconds", "0.2", "--reps", "1", "--json",
+         "--impl", "remote_env", "gymnasium_sync"],
+        capture_output=True, text=True, timeout=300, cwd=REPO, check=True,
     )
     report = json.loads(out.stdout)
     assert set(report) >= {"workload", "num_envs", "seconds", "cpus", "results", "limit", "config"}
@@ -62,22 +43,9 @@ def test_cli_json_shape() -> None:
 
 def test_rss_and_latency_reports() -> None:
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "remote_env.cli",
-            "bench",
-            "--json",
-            "--rss",
-            "64",
-            "--latency",
-            "5",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        check=True,
+        [sys.executable, "-m", "remote_env.cli", "bench", "--json", "--rss", "64",
+         "--latency", "5"],
+        capture_output=True, text=True, timeout=300, cwd=REPO, check=True,
     )
     rss, lat = (json.loads(line) for line in out.stdout.splitlines())
     assert rss["num_envs"] == 64 and rss["rss_per_env_kib"] > 0

@@ -14,9 +14,8 @@ ENVPOOL = [sys.executable, "-m", "remote_env.cli"]
 
 
 def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ENVPOOL, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
-    )
+    return subprocess.run([*ENVPOOL, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO)
 
 
 def test_run_steps_a_local_pool_and_prints_a_summary() -> None:
@@ -24,26 +23,15 @@ def test_run_steps_a_local_pool_and_prints_a_summary() -> None:
     assert out.returncode == 0, out.stderr
     assert "4 x CartPole-v1 in 2 actors ready" in out.stderr
     assert re.search(r"steps/s\s+episodes \d+\s+failures 0", out.stderr), out.stderr
-    m = re.search(
-        r"done: (\d+) steps in [\d.]+s \(\d+ steps/s\), (\d+) episodes, 0 failures", out.stdout
-    )
+    m = re.search(r"done: (\d+) steps in [\d.]+s \(\d+ steps/s\), (\d+) episodes, 0 failures",
+                  out.stdout)
     assert m and int(m.group(1)) > 100 and int(m.group(2)) > 0, out.stdout
 
 
 def test_run_with_a_flaky_entrypoint_restarts_and_counts() -> None:
-    out = _run(
-        "run",
-        "--entrypoint",
-        "remote_env.examples:make_flaky_cartpole",
-        "--env-kwarg",
-        "fail_every=10",
-        "--num-envs",
-        "2",
-        "--envs-per-actor",
-        "2",
-        "--seconds",
-        "3",
-    )
+    out = _run("run", "--entrypoint", "remote_env.examples:make_flaky_cartpole",
+               "--env-kwarg", "fail_every=10", "--num-envs", "2", "--envs-per-actor", "2",
+               "--seconds", "3")
     assert out.returncode == 0, out.stderr
     m = re.search(r"(\d+) failures, (\d+) env restarts, 0 actor restarts", out.stdout)
     assert m and int(m.group(1)) == int(m.group(2)) > 0, out.stdout
@@ -70,13 +58,9 @@ def test_bad_input_is_a_usage_error() -> None:
 
 
 def test_ctrl_c_stops_cleanly() -> None:
-    proc = subprocess.Popen(
-        [*ENVPOOL, "run", "--num-envs", "2", "--envs-per-actor", "1", "--seconds", "120"],
-        cwd=REPO,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = subprocess.Popen([*ENVPOOL, "run", "--num-envs", "2", "--envs-per-actor", "1",
+                             "--seconds", "120"], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     assert proc.stderr is not None
     for line in proc.stderr:

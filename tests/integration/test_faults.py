@@ -63,9 +63,8 @@ def counters(registry: CollectorRegistry, pool: str = "default") -> dict[str, fl
     }
 
 
-def run_and_compare(
-    envs: RemoteVectorEnv, untouched: list[int], *, fault: Any = None, fault_at: int = -1
-) -> list[tuple[Any, ...]]:
+def run_and_compare(envs: RemoteVectorEnv, untouched: list[int], *, fault: Any = None,
+                    fault_at: int = -1) -> list[tuple[Any, ...]]:
     """Step with the reference actions; assert untouched envs match the reference."""
     ref = reference_run()
     obs, _ = envs.reset(seed=SEED)
@@ -88,9 +87,8 @@ class TestInProcessFaults:
     def test_env_raising_at_step_n_restarts_only_that_env(self, tmp_path: Any) -> None:
         reg = CollectorRegistry()
         fns = [cartpole(), cartpole(), faulty(tmp_path, fail_at_step=10), cartpole()]
-        envs = RemoteVectorEnv(
-            fns, envs_per_actor=K, restart_failed_sub_environments=True, registry=reg
-        )
+        envs = RemoteVectorEnv(fns, envs_per_actor=K, restart_failed_sub_environments=True,
+                               registry=reg)
         try:
             # env 3 shares the actor with the failing env 2 and keeps its state
             results = run_and_compare(envs, untouched=[0, 1, 3])
@@ -99,13 +97,8 @@ class TestInProcessFaults:
             assert failed[4]["_error"].tolist() == [False, False, True, False]
             assert "injected failure at step 10" in failed[4]["error"][2]
             assert envs.restart_counts.tolist() == [0, 0, 1, 0]
-            assert counters(reg) == {
-                "exception": 1,
-                "actor_died": 0,
-                "timeout": 0,
-                "env_restarts": 1,
-                "actor_restarts": 0,
-            }
+            assert counters(reg) == {"exception": 1, "actor_died": 0, "timeout": 0,
+                                     "env_restarts": 1, "actor_restarts": 0}
             # the restarted env resets on the next step (NEXT_STEP) and keeps going
             assert results[10][1][2] == 0.0 and not results[10][3][2]
         finally:
@@ -115,9 +108,8 @@ class TestInProcessFaults:
         reg = CollectorRegistry()
         # reset #1 is ours (seeded); reset #2 is the autoreset after the first episode
         fns = [cartpole(), faulty(tmp_path, fail_in_reset=2), cartpole(), cartpole()]
-        envs = RemoteVectorEnv(
-            fns, envs_per_actor=K, restart_failed_sub_environments=True, registry=reg
-        )
+        envs = RemoteVectorEnv(fns, envs_per_actor=K, restart_failed_sub_environments=True,
+                               registry=reg)
         try:
             results = run_and_compare(envs, untouched=[0, 2, 3])
             assert envs.restart_counts.tolist() == [0, 1, 0, 0]
@@ -133,13 +125,8 @@ class TestInProcessFaults:
         before = alive_actor_ids()
         fns = [cartpole(), functools.partial(examples.broken_env, "simulator binary missing")]
         with pytest.raises(errors.SubEnvironmentFailedError) as info:
-            RemoteVectorEnv(
-                fns,
-                envs_per_actor=2,
-                restart_failed_sub_environments=True,
-                max_restarts=3,
-                registry=reg,
-            )
+            RemoteVectorEnv(fns, envs_per_actor=2, restart_failed_sub_environments=True,
+                            max_restarts=3, registry=reg)
         assert info.value.index == 1
         assert "(4 tries)" in str(info.value) and "simulator binary missing" in str(info.value)
         assert "Traceback" in info.value.remote_traceback
@@ -149,13 +136,8 @@ class TestInProcessFaults:
     def test_crash_loop_is_bounded_and_names_the_env(self) -> None:
         # fails on every step: reset works, so only counting failed steps stops the loop
         fns = [cartpole(), functools.partial(examples.make_flaky_cartpole, 1)]
-        envs = RemoteVectorEnv(
-            fns,
-            envs_per_actor=1,
-            restart_failed_sub_environments=True,
-            max_restarts=2,
-            restart_backoff_s=0.01,
-        )
+        envs = RemoteVectorEnv(fns, envs_per_actor=1, restart_failed_sub_environments=True,
+                               max_restarts=2, restart_backoff_s=0.01)
         try:
             envs.reset(seed=0)
             with pytest.raises(errors.SubEnvironmentFailedError) as info:
@@ -185,9 +167,8 @@ class TestInProcessFaults:
 
     def test_sigkill_of_an_actor_restarts_its_envs_only(self) -> None:
         reg = CollectorRegistry()
-        envs = RemoteVectorEnv(
-            [cartpole()] * N, envs_per_actor=K, restart_failed_sub_environments=True, registry=reg
-        )
+        envs = RemoteVectorEnv([cartpole()] * N, envs_per_actor=K,
+                               restart_failed_sub_environments=True, registry=reg)
         victim = envs.actors[1]  # hosts envs 2 and 3
         pid = ray.get(victim.ping.remote())
         assert pid != os.getpid()
@@ -204,13 +185,8 @@ class TestInProcessFaults:
             assert envs.actors[1] is not victim
             assert ray.get(envs.actors[1].ping.remote()) != pid
             assert envs.restart_counts.tolist() == [0, 0, 1, 1]
-            assert counters(reg) == {
-                "exception": 0,
-                "actor_died": 2,
-                "timeout": 0,
-                "env_restarts": 2,
-                "actor_restarts": 1,
-            }
+            assert counters(reg) == {"exception": 0, "actor_died": 2, "timeout": 0,
+                                     "env_restarts": 2, "actor_restarts": 1}
             # the new actor's envs autoreset with restart seeds and step normally
             assert results[21][1][2:].tolist() == [0.0, 0.0]
             assert results[22][1][2:].tolist() == [1.0, 1.0]
@@ -220,33 +196,22 @@ class TestInProcessFaults:
     def test_hung_env_is_killed_and_replaced(self, tmp_path: Any) -> None:
         reg = CollectorRegistry()
         fns = [cartpole(), cartpole(), faulty(tmp_path, hang_at_step=5), cartpole()]
-        envs = RemoteVectorEnv(
-            fns,
-            envs_per_actor=K,
-            restart_failed_sub_environments=True,
-            step_timeout_s=1.5,
-            registry=reg,
-        )
+        envs = RemoteVectorEnv(fns, envs_per_actor=K, restart_failed_sub_environments=True,
+                               step_timeout_s=1.5, registry=reg)
         try:
             t0 = time.monotonic()
             results = run_and_compare(envs, untouched=[0, 1])
             assert time.monotonic() - t0 < 30
             assert results[4][3].tolist() == [False, False, True, True]
             assert "timeout" in results[4][4]["error"][2]
-            assert counters(reg) == {
-                "exception": 0,
-                "actor_died": 0,
-                "timeout": 2,
-                "env_restarts": 2,
-                "actor_restarts": 1,
-            }
+            assert counters(reg) == {"exception": 0, "actor_died": 0, "timeout": 2,
+                                     "env_restarts": 2, "actor_restarts": 1}
         finally:
             envs.close()
 
     def test_hang_without_restarts_raises_instead_of_waiting_forever(self) -> None:
-        envs = RemoteVectorEnv(
-            [cartpole(), faulty(hang_at_step=2)], envs_per_actor=1, step_timeout_s=1.0
-        )
+        envs = RemoteVectorEnv([cartpole(), faulty(hang_at_step=2)], envs_per_actor=1,
+                               step_timeout_s=1.0)
         try:
             envs.reset(seed=0)
             with pytest.raises(errors.SubEnvironmentError, match="timeout"):
@@ -257,9 +222,8 @@ class TestInProcessFaults:
 
     def test_recv_keeps_serving_healthy_envs_while_one_actor_restarts(self) -> None:
         reg = CollectorRegistry()
-        envs = RemoteVectorEnv(
-            [cartpole()] * N, envs_per_actor=1, restart_failed_sub_environments=True, registry=reg
-        )
+        envs = RemoteVectorEnv([cartpole()] * N, envs_per_actor=1,
+                               restart_failed_sub_environments=True, registry=reg)
         try:
             envs.async_reset(seed=0)
             pid = ray.get(envs.actors[0].ping.remote())
@@ -323,11 +287,8 @@ def test_node_killed_envs_come_back_on_a_healthy_node(sim_cluster: tuple[Any, An
     envs = None
     try:
         envs = RemoteVectorEnv(
-            [cartpole()] * N,
-            envs_per_actor=K,
-            restart_failed_sub_environments=True,
-            actor_options={"num_cpus": 0, "resources": {"sim": 1}},
-            registry=reg,
+            [cartpole()] * N, envs_per_actor=K, restart_failed_sub_environments=True,
+            actor_options={"num_cpus": 0, "resources": {"sim": 1}}, registry=reg,
         )
         assert [_node_of(a) for a in envs.actors] == [worker.node_id] * 2
         envs.reset(seed=SEED)
@@ -397,10 +358,8 @@ def test_a_replacement_that_cannot_be_placed_fails_after_start_timeout(
 def _node_of(actor: Any) -> str | None:
     """The actor's node, or None if it died (the next step replaces it)."""
     try:
-        node: str = ray.get(
-            actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()),
-            timeout=60,
-        )
+        node: str = ray.get(actor.__ray_call__.remote(
+            lambda self: ray.get_runtime_context().get_node_id()), timeout=60)
     except ray.exceptions.RayActorError:
         return None
     return node

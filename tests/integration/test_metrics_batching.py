@@ -30,22 +30,16 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_metrics_of_a_faulty_pool_over_http() -> None:
     reg = CollectorRegistry()
     flaky = functools.partial(examples.make_flaky_cartpole, 7)
-    envs = RemoteVectorEnv(
-        [flaky] * 4,
-        envs_per_actor=2,
-        restart_failed_sub_environments=True,
-        registry=reg,
-        pool="flaky",
-    )
+    envs = RemoteVectorEnv([flaky] * 4, envs_per_actor=2, restart_failed_sub_environments=True,
+                           registry=reg, pool="flaky")
     server = serve_metrics(reg, 0)
     try:
         envs.reset(seed=0)
         for _ in range(20):
             envs.step(np.zeros(4, dtype=np.int64))
         # each env fails on its 7th, 14th step of a lifetime; a restart starts a new lifetime
-        failures = reg.get_sample_value(
-            "envpool_env_failures_total", {"pool": "flaky", "reason": "exception"}
-        )
+        failures = reg.get_sample_value("envpool_env_failures_total",
+                                        {"pool": "flaky", "reason": "exception"})
         assert failures == envs.restart_counts.sum() >= 4
         got = scrape(server.server_port)
         p = (("pool", "flaky"),)
@@ -90,10 +84,8 @@ def test_recv_waits_about_batch_wait_ms_for_stragglers(batch_wait_ms: float) -> 
             idle = info["env_id"].tolist()
             assert idle and set(idle) <= {1, 2}, idle
         p50 = float(np.median(waits))
-        print(
-            f"batch_wait_ms={batch_wait_ms}: recv p50={p50 * 1000:.1f} ms "
-            f"max={max(waits) * 1000:.1f} ms"
-        )
+        print(f"batch_wait_ms={batch_wait_ms}: recv p50={p50 * 1000:.1f} ms "
+              f"max={max(waits) * 1000:.1f} ms")
         assert p50 >= 0.8 * batch_wait_ms / 1000, "returned before the batch window"
         assert p50 <= batch_wait_ms / 1000 + 0.05, "overshot the batch window by > 50 ms"
     finally:
@@ -117,3 +109,5 @@ def test_recv_does_not_spin_when_nothing_is_ready() -> None:
         assert cpu < 0.3 * wall, f"recv busy-spun: {cpu:.2f}s CPU in {wall:.2f}s"
     finally:
         envs.close()
+
+

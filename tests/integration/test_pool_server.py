@@ -46,15 +46,12 @@ def cluster() -> Iterator[Cluster]:
     old_path = os.environ.get("PYTHONPATH")
     # raylets inherit it, and so do the env actors they start: they import pool_envs
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), old_path) if p)
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 1,
-            "include_dashboard": False,
-            # notice a removed node in ~1.5 s, not the default ~30 s
-            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
-        },
-    )
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1,
+        "include_dashboard": False,
+        # notice a removed node in ~1.5 s, not the default ~30 s
+        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
+    })
     try:
         for _ in range(2):
             c.add_node(num_cpus=1, resources={ENV_RESOURCE: 16})
@@ -75,17 +72,12 @@ def _spec(name: str, counter: Path, replicas: int, per_actor: int, **extra: Any)
         "kind": "EnvPool",
         "metadata": {"name": name},
         "spec": {
-            "env": {
-                "entrypoint": "pool_envs:make_counted_cartpole",
-                "kwargs": {"counter_file": str(counter)},
-            },
+            "env": {"entrypoint": "pool_envs:make_counted_cartpole",
+                    "kwargs": {"counter_file": str(counter)}},
             "replicas": replicas,
             "envsPerActor": per_actor,
-            "faultTolerance": {
-                "restartBackoffSeconds": 0,
-                "stepTimeoutSeconds": 5,
-                "maxRestarts": 3,
-            },
+            "faultTolerance": {"restartBackoffSeconds": 0, "stepTimeoutSeconds": 5,
+                               "maxRestarts": 3},
             **extra,
         },
     }
@@ -98,11 +90,8 @@ def _server(doc: dict[str, Any]) -> PoolServer:
 
 
 def _named_actors(namespace: str) -> list[str]:
-    return sorted(
-        a["name"]
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["namespace"] == namespace
-    )
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["namespace"] == namespace)
 
 
 def _destroy(server: PoolServer) -> None:
@@ -190,12 +179,9 @@ def test_leases_are_disjoint_expire_with_their_trainer_and_show_over_http(
         assert {s["leasedBy"] for s in st["slots"]} == {"a", "b"}
         code, text = _get(url + "/metrics")
         assert code == 200
-        samples = {
-            (s.name, s.labels.get("state")): s.value
-            for fam in text_string_to_metric_families(text)
-            for s in fam.samples
-            if s.labels.get("pool") == "lease"
-        }
+        samples = {(s.name, s.labels.get("state")): s.value
+                   for fam in text_string_to_metric_families(text) for s in fam.samples
+                   if s.labels.get("pool") == "lease"}
         assert samples[("envpool_envs", "running")] == 6
         assert samples[("envpool_pool_desired_envs", None)] == 6
         assert samples[("envpool_pool_leased_envs", None)] == 6
@@ -207,20 +193,15 @@ def test_leases_are_disjoint_expire_with_their_trainer_and_show_over_http(
         # a trainer process that dies holding a lease: its envs come back after the ttl
         a.close()
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                textwrap.dedent(f"""
+            [sys.executable, "-c", textwrap.dedent(f"""
                 import time
                 from remote_env.attach import attach
                 envs = attach("lease", address={cluster.address!r}, num_envs=2,
                               lease_timeout_s=3, trainer="doomed")
                 print("leased", envs.slots, flush=True)
                 time.sleep(600)
-            """),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
+            """)],
+            stdout=subprocess.PIPE, text=True,
         )
         try:
             line = proc.stdout.readline() if proc.stdout else ""
@@ -264,10 +245,8 @@ def test_scale_up_and_down_keeps_the_surviving_envs(cluster: Cluster, tmp_path: 
         assert constructions(str(counter)) == 8  # 4 new, none re-created
         envs = attach("scale")
         assert _actor_ids(envs)[:2] == first_ids
-        assert (
-            dict(zip(envs.get_attr("instance")[:4], envs.get_attr("steps")[:4], strict=True))
-            == before
-        )
+        assert dict(zip(envs.get_attr("instance")[:4], envs.get_attr("steps")[:4],
+                        strict=True)) == before
         envs.close()
 
         # down to 2: whole actors go, newest first; slot 0 stays as it was
@@ -281,8 +260,7 @@ def test_scale_up_and_down_keeps_the_surviving_envs(cluster: Cluster, tmp_path: 
         envs = attach("scale")
         assert _actor_ids(envs) == first_ids[:1]
         assert dict(zip(envs.get_attr("instance"), envs.get_attr("steps"), strict=True)) == {
-            k: v for k, v in before.items() if k in envs.get_attr("instance")
-        }
+            k: v for k, v in before.items() if k in envs.get_attr("instance")}
         assert len(set(envs.get_attr("instance")) & set(before)) == 2
         envs.close()
 
@@ -306,22 +284,9 @@ def _free_port() -> int:
 
 def _start_serve(config: Path, address: str, port: int, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "remote_env.serve_cli",
-            "--config",
-            str(config),
-            "--address",
-            address,
-            "--http-port",
-            str(port),
-            "--health-interval",
-            "0.3",
-        ],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
+        [sys.executable, "-m", "remote_env.serve_cli", "--config", str(config),
+         "--address", address, "--http-port", str(port), "--health-interval", "0.3"],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT,
     )
 
 
@@ -376,7 +341,8 @@ def test_pool_server_killed_and_restarted_readopts_its_actors(
         doc["spec"]["replicas"] = 6
         config.write_text(yaml.safe_dump(doc))
         scaled = wait_for(lambda: ready(6), 60, f"scaled by config (log: {log})")
-        assert [s["actorId"] for s in scaled["slots"][:2]] == [s["actorId"] for s in first["slots"]]
+        assert [s["actorId"] for s in scaled["slots"][:2]] == [
+            s["actorId"] for s in first["slots"]]
         assert constructions(str(counter)) == 6
 
         proc.send_signal(signal.SIGTERM)
@@ -399,10 +365,7 @@ def test_a_frozen_trainer_that_lost_its_lease_is_told_so(cluster: Cluster, tmp_p
     counter = tmp_path / "constructed"
     server = _server(_spec("stall", counter, replicas=2, per_actor=2))
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(f"""
+        [sys.executable, "-c", textwrap.dedent(f"""
             import sys
             import time
             import numpy as np
@@ -420,11 +383,8 @@ def test_a_frozen_trainer_that_lost_its_lease_is_told_so(cluster: Cluster, tmp_p
                 print("stepped", flush=True)
             except Exception as exc:
                 print(type(exc).__name__, exc, flush=True)
-        """),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     try:
         assert proc.stdin is not None and proc.stdout is not None
@@ -447,15 +407,10 @@ def test_a_frozen_trainer_that_lost_its_lease_is_told_so(cluster: Cluster, tmp_p
 
 
 def test_a_hung_actor_is_killed_and_replaced_by_the_pool_server(cluster: Cluster) -> None:
-    doc = {
-        "metadata": {"name": "hang"},
-        "spec": {
-            "env": {"entrypoint": "remote_env.examples:FaultyEnv", "kwargs": {"hang_at_step": 3}},
-            "replicas": 2,
-            "envsPerActor": 1,
-            "faultTolerance": {"restartBackoffSeconds": 0, "stepTimeoutSeconds": 2},
-        },
-    }
+    doc = {"metadata": {"name": "hang"}, "spec": {
+        "env": {"entrypoint": "remote_env.examples:FaultyEnv", "kwargs": {"hang_at_step": 3}},
+        "replicas": 2, "envsPerActor": 1,
+        "faultTolerance": {"restartBackoffSeconds": 0, "stepTimeoutSeconds": 2}}}
     server = _server(doc)
     try:
         first = {s["slot"]: s["actorId"] for s in server.wait_ready(60)["slots"]}
@@ -476,12 +431,8 @@ def test_a_hung_actor_is_killed_and_replaced_by_the_pool_server(cluster: Cluster
         st = server.wait_ready(30)
         assert all(s["actorId"] != first[s["slot"]] for s in st["slots"])
         assert st["restarts"] == 2 and "timeout" in st["lastError"]
-        assert (
-            server.registry.get_sample_value(
-                "envpool_env_failures_total", {"pool": "hang", "reason": "timeout"}
-            )
-            == 2
-        )
+        assert server.registry.get_sample_value(
+            "envpool_env_failures_total", {"pool": "hang", "reason": "timeout"}) == 2
     finally:
         _destroy(server)
 
@@ -524,11 +475,9 @@ def test_node_killed_its_envs_come_back_on_another_node(cluster: Cluster, tmp_pa
         assert constructions(str(counter)) == 4 + len(lost)
         reg = server.registry
         assert reg.get_sample_value("envpool_actor_restarts_total", {"pool": "nodes"}) == len(lost)
-        assert reg.get_sample_value(
-            "envpool_env_failures_total", {"pool": "nodes"} | {"reason": "actor_died"}
-        ) + reg.get_sample_value(
-            "envpool_env_failures_total", {"pool": "nodes", "reason": "timeout"}
-        ) == len(lost)
+        assert reg.get_sample_value("envpool_env_failures_total", {"pool": "nodes"} | {
+            "reason": "actor_died"}) + reg.get_sample_value(
+            "envpool_env_failures_total", {"pool": "nodes", "reason": "timeout"}) == len(lost)
     finally:
         if envs is not None:
             envs.close()

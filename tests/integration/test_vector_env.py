@@ -21,9 +21,7 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 def assert_tree_equal(a: Any, b: Any, path: str = "") -> None:
     """Deep equality for gymnasium results: dicts, tuples, (object) arrays."""
     if isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), (
-            f"{path}: keys {a.keys()} != {b.keys()}"
-        )
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys {a.keys()} != {b.keys()}"
         for k in a:
             assert_tree_equal(a[k], b[k], f"{path}.{k}")
     elif isinstance(a, tuple):
@@ -36,9 +34,7 @@ def assert_tree_equal(a: Any, b: Any, path: str = "") -> None:
             assert_tree_equal(x, y, f"{path}[{i}]")
     else:
         np.testing.assert_array_equal(a, b, err_msg=path)
-        assert np.asarray(a).dtype == np.asarray(b).dtype, (
-            f"{path}: {np.asarray(a).dtype} != {np.asarray(b).dtype}"
-        )
+        assert np.asarray(a).dtype == np.asarray(b).dtype, f"{path}: {np.asarray(a).dtype} != {np.asarray(b).dtype}"
 
 
 ENVS = {
@@ -300,8 +296,7 @@ def test_actor_options_reach_ray() -> None:
     from ray.util.state import list_actors
 
     envs = RemoteVectorEnv(
-        _fns("CartPole-v1", 2),
-        envs_per_actor=1,
+        _fns("CartPole-v1", 2), envs_per_actor=1,
         actor_options={"num_cpus": 0.25, "name": None, "lifetime": None},
     )
     try:

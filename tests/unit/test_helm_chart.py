@@ -44,23 +44,10 @@ def helm() -> str:
         pytest.fail(str(exc), pytrace=False)
 
 
-def render(
-    helm: str,
-    *sets: str,
-    release: str = "rel",
-    namespace: str = "envpool-system",
-    check: bool = True,
-) -> list[dict[str, Any]] | subprocess.CompletedProcess[str]:
-    args = [
-        helm,
-        "template",
-        release,
-        str(CHART),
-        "--namespace",
-        namespace,
-        "--kube-version",
-        KUBE_VERSION,
-    ]
+def render(helm: str, *sets: str, release: str = "rel", namespace: str = "envpool-system",
+           check: bool = True) -> list[dict[str, Any]] | subprocess.CompletedProcess[str]:
+    args = [helm, "template", release, str(CHART), "--namespace", namespace,
+            "--kube-version", KUBE_VERSION]
     for s in sets:
         args += ["--set", s]
     proc = subprocess.run(args, capture_output=True, text=True)
@@ -83,34 +70,24 @@ def test_crd_is_the_same_file_as_manifests() -> None:
     copy = CHART / "crds" / src.name
     assert copy.read_bytes() == src.read_bytes(), (
         f"{copy.relative_to(REPO)} differs from {src.relative_to(REPO)}: "
-        f"cp {src.relative_to(REPO)} {copy.relative_to(REPO)}"
-    )
+        f"cp {src.relative_to(REPO)} {copy.relative_to(REPO)}")
     assert sorted(p.name for p in (CHART / "crds").iterdir()) == [src.name]
 
 
 def test_dashboard_and_readme_are_generated() -> None:
-    assert (CHART / "files" / "envpool-dashboard.json").read_text() == gen.dashboard_text(), (
+    assert (CHART / "files" / "envpool-dashboard.json").read_text() == gen.dashboard_text(), \
         "dashboard stale: python helm/generate.py"
-    )
-    assert (CHART / "README.md").read_text() == gen.readme_text(), (
+    assert (CHART / "README.md").read_text() == gen.readme_text(), \
         "README values table stale: python helm/generate.py"
-    )
 
 
 def test_plain_manifests_are_helm_template(helm: str) -> None:
-    assert gen.INSTALL.read_text() == gen.install_text(helm), (
+    assert gen.INSTALL.read_text() == gen.install_text(helm), \
         "manifests/install stale: python helm/generate.py"
-    )
     kinds = [d["kind"] for d in yaml.safe_load_all(gen.INSTALL.read_text()) if d]
     assert kinds[0] == "Namespace"
-    assert {
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Deployment",
-        "Service",
-        "ConfigMap",
-    } <= set(kinds)
+    assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
+            "ConfigMap"} <= set(kinds)
     assert "Job" not in kinds  # no helm test hook in plain manifests
 
 
@@ -157,55 +134,36 @@ def test_schema_closes_every_object_and_covers_every_value() -> None:
     def walk(s: dict[str, Any], v: Any, path: str) -> None:
         if "properties" in s:
             assert s.get("additionalProperties") is False, f"{path}: additionalProperties"
-            assert set(v) == set(s["properties"]), (
-                f"{path}: schema {set(s['properties'])} vs values {set(v)}"
-            )
+            assert set(v) == set(s["properties"]), f"{path}: schema {set(s['properties'])} vs values {set(v)}"
             for k, sub in s["properties"].items():
                 walk(sub, v[k], f"{path}.{k}")
 
     walk(schema, values, "values")
 
 
-@pytest.mark.parametrize(
-    "bad",
-    [
-        "unknownKey=1",
-        "image.unknown=1",
-        "operator.metricsPort=0",
-        "operator.metricsPort=70000",
-        "operator.watchNamespaces={Bad_Name}",
-        "image.pullPolicy=Sometimes",
-        "metrics.serviceMonitor.interval=often",
-        "service.type=ExternalName",
-    ],
-)
+@pytest.mark.parametrize("bad", [
+    "unknownKey=1",
+    "image.unknown=1",
+    "operator.metricsPort=0",
+    "operator.metricsPort=70000",
+    "operator.watchNamespaces={Bad_Name}",
+    "image.pullPolicy=Sometimes",
+    "metrics.serviceMonitor.interval=often",
+    "service.type=ExternalName",
+])
 def test_schema_rejects(helm: str, bad: str) -> None:
     proc = render(helm, bad, check=False)
     assert isinstance(proc, subprocess.CompletedProcess)
-    assert proc.returncode != 0 and "values don't meet the specifications" in proc.stderr, (
-        proc.stderr
-    )
+    assert proc.returncode != 0 and "values don't meet the specifications" in proc.stderr, proc.stderr
 
 
 def test_helm_lint_strict(helm: str) -> None:
-    for extra in (
-        [],
-        [
-            "--set",
-            "operator.watchNamespaces={a,b}",
-            "--set",
-            "metrics.serviceMonitor.enabled=true",
-            "--set",
-            "metrics.podMonitor.enabled=true",
-            "--set",
-            "metrics.prometheusRule.enabled=true",
-        ],
-    ):
-        proc = subprocess.run(
-            [helm, "lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, *extra],
-            capture_output=True,
-            text=True,
-        )
+    for extra in ([], ["--set", "operator.watchNamespaces={a,b}",
+                       "--set", "metrics.serviceMonitor.enabled=true",
+                       "--set", "metrics.podMonitor.enabled=true",
+                       "--set", "metrics.prometheusRule.enabled=true"]):
+        proc = subprocess.run([helm, "lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION,
+                               *extra], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "0 chart(s) failed" in proc.stdout
 
@@ -217,17 +175,8 @@ def test_defaults_render_the_install(helm: str) -> None:
     docs = render(helm)
     assert isinstance(docs, list)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted(
-        [
-            "ServiceAccount",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "Deployment",
-            "Service",
-            "ConfigMap",
-            "Job",
-        ]
-    )
+    assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment",
+                            "Service", "ConfigMap", "Job"])
     for d in docs:
         labels = d["metadata"]["labels"]
         assert labels["app.kubernetes.io/name"] == "envpool-operator"
@@ -247,12 +196,8 @@ def test_defaults_render_the_install(helm: str) -> None:
         assert not selector.items() <= pod["metadata"]["labels"].items()
     (c,) = pod["spec"]["containers"]
     env = {e["name"]: e["value"] for e in c["env"]}
-    assert (
-        env["METRICS_URL"] == "http://rel-envpool-operator-metrics.envpool-system.svc:9090/metrics"
-    )
-    assert (
-        c["securityContext"] == dep["spec"]["template"]["spec"]["containers"][0]["securityContext"]
-    )
+    assert env["METRICS_URL"] == "http://rel-envpool-operator-metrics.envpool-system.svc:9090/metrics"
+    assert c["securityContext"] == dep["spec"]["template"]["spec"]["containers"][0]["securityContext"]
 
 
 def test_operator_deployment_is_restricted_and_wired(helm: str) -> None:
@@ -273,18 +218,10 @@ def test_operator_deployment_is_restricted_and_wired(helm: str) -> None:
     assert c["image"] == env["ENVPOOL_IMAGE"] == "example.com/me/envpool:1.2.3"
     assert env["ENVPOOL_IMAGE_PULL_POLICY"] == "IfNotPresent"
     assert c["command"] == ["envpool"]
-    assert c["args"] == [
-        "operator",
-        "--all-namespaces",
-        "--liveness=http://0.0.0.0:8080/healthz",
-        "--metrics-port=9090",
-        "--standalone",
-    ]
+    assert c["args"] == ["operator", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz",
+                         "--metrics-port=9090", "--standalone"]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {
-        "liveness": 8080,
-        "metrics": 9090,
-    }
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"liveness": 8080, "metrics": 9090}
     sa = by_kind(docs, "ServiceAccount")[0]
     assert sa["automountServiceAccountToken"] is False
     assert pod["serviceAccountName"] == sa["metadata"]["name"] == "rel-envpool-operator"
@@ -294,10 +231,8 @@ def test_operator_deployment_is_restricted_and_wired(helm: str) -> None:
     # default tag = appVersion
     docs = render(helm)
     assert isinstance(docs, list)
-    assert (
-        by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["image"] \
         == "ghcr.io/envpool-dev/envpool:0.1.0"
-    )
 
 
 def test_default_image_is_the_operators_default(helm: str) -> None:
@@ -322,33 +257,13 @@ def test_rbac_is_least_privilege(helm: str) -> None:
     assert isinstance(docs, list)
     (cr,) = by_kind(docs, "ClusterRole")
     for rule in _rules(cr):
-        assert (
-            "*" not in rule["verbs"]
-            and "*" not in rule["resources"]
-            and "*" not in rule["apiGroups"]
-        )
-        assert not {
-            "secrets",
-            "pods",
-            "namespaces",
-            "nodes",
-            "clusterroles",
-            "clusterrolebindings",
-        } & set(rule["resources"]), rule
-        assert not {
-            "delete",
-            "deletecollection",
-            "escalate",
-            "bind",
-            "impersonate",
-            "update",
-        } & set(rule["verbs"]), rule
-    grants = {
-        (g, r): set(rule["verbs"])
-        for rule in _rules(cr)
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-    }
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+        assert not {"secrets", "pods", "namespaces", "nodes", "clusterroles",
+                    "clusterrolebindings"} & set(rule["resources"]), rule
+        assert not {"delete", "deletecollection", "escalate", "bind", "impersonate",
+                    "update"} & set(rule["verbs"]), rule
+    grants = {(g, r): set(rule["verbs"]) for rule in _rules(cr)
+              for g in rule["apiGroups"] for r in rule["resources"]}
     assert grants == {
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("envpool.dev", "envpools"): {"get", "list", "watch", "patch"},
@@ -361,48 +276,31 @@ def test_rbac_is_least_privilege(helm: str) -> None:
         ("", "events"): {"create"},
     }
     (crb,) = by_kind(docs, "ClusterRoleBinding")
-    assert crb["subjects"] == [
-        {"kind": "ServiceAccount", "name": "rel-envpool-operator", "namespace": "envpool-system"}
-    ]
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "rel-envpool-operator",
+                                "namespace": "envpool-system"}]
 
 
 def test_operator_grants_cover_the_pool_server_role(helm: str) -> None:
     """RBAC escalation check: the operator may only create a Role whose rules it holds."""
     from envpool_operator import builders, spec
 
-    role = builders.build_role(
-        spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4}, name="p", namespace="ns")
-    )
+    role = builders.build_role(spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4},
+                                               name="p", namespace="ns"))
     docs = render(helm)
     assert isinstance(docs, list)
-    held = {
-        (g, r, v)
-        for rule in _rules(by_kind(docs, "ClusterRole")[0])
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
+    held = {(g, r, v) for rule in _rules(by_kind(docs, "ClusterRole")[0])
+            for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     for rule in role["rules"]:
         for g in rule["apiGroups"]:
             for r in rule["resources"]:
                 for v in rule["verbs"]:
                     assert (g, r, v) in held, f"operator lacks {v} {g}/{r} it grants pool servers"
-    children = {
-        c["kind"]
-        for c in builders.build_children(
-            spec.parse_spec(
-                {"env": {"id": "CartPole-v1"}, "replicas": 4}, name="p", namespace="ns"
-            ),
-            __import__("envpool_operator.settings", fromlist=["Settings"]).Settings(),
-        )
-    }
-    plural = {
-        "ServiceAccount": ("", "serviceaccounts"),
-        "Role": ("rbac.authorization.k8s.io", "roles"),
-        "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings"),
-        "ConfigMap": ("", "configmaps"),
-        "RayCluster": ("ray.io", "rayclusters"),
-    }
+    children = {c["kind"] for c in builders.build_children(
+        spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4}, name="p", namespace="ns"),
+        __import__("envpool_operator.settings", fromlist=["Settings"]).Settings())}
+    plural = {"ServiceAccount": ("", "serviceaccounts"), "Role": ("rbac.authorization.k8s.io", "roles"),
+              "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings"),
+              "ConfigMap": ("", "configmaps"), "RayCluster": ("ray.io", "rayclusters")}
     for kind in children:
         g, r = plural[kind]
         assert {(g, r, "create"), (g, r, "patch")} <= held, f"server-side apply of {kind}"
@@ -433,9 +331,7 @@ def test_names_cut_at_63_and_two_releases_do_not_collide(helm: str) -> None:
     assert len(set((d["kind"], n) for d, n in zip(docs, names, strict=True))) == len(docs)
     a, b = render(helm, release="one"), render(helm, release="two")
     assert isinstance(a, list) and isinstance(b, list)
-    assert not {(d["kind"], d["metadata"]["name"]) for d in a} & {
-        (d["kind"], d["metadata"]["name"]) for d in b
-    }
+    assert not {(d["kind"], d["metadata"]["name"]) for d in a} & {(d["kind"], d["metadata"]["name"]) for d in b}
     # release name containing the chart name is not doubled
     docs = render(helm, release="envpool-operator")
     assert isinstance(docs, list)
@@ -446,13 +342,8 @@ def test_monitoring_objects_render_when_enabled(helm: str) -> None:
     docs = render(helm)
     assert isinstance(docs, list)
     assert not {"ServiceMonitor", "PodMonitor", "PrometheusRule"} & {d["kind"] for d in docs}
-    docs = render(
-        helm,
-        "metrics.serviceMonitor.enabled=true",
-        "metrics.podMonitor.enabled=true",
-        "metrics.prometheusRule.enabled=true",
-        "metrics.serviceMonitor.labels.release=kps",
-    )
+    docs = render(helm, "metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true",
+                  "metrics.prometheusRule.enabled=true", "metrics.serviceMonitor.labels.release=kps")
     assert isinstance(docs, list)
     (sm,) = by_kind(docs, "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "kps"
@@ -474,9 +365,7 @@ def test_pod_monitor_matches_the_operators_head_pod(helm: str) -> None:
     from envpool_operator import builders, settings, spec
 
     pool = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4}, name="p", namespace="ns")
-    head = builders.build_ray_cluster(pool, settings.Settings())["spec"]["headGroupSpec"][
-        "template"
-    ]
+    head = builders.build_ray_cluster(pool, settings.Settings())["spec"]["headGroupSpec"]["template"]
     docs = render(helm, "metrics.podMonitor.enabled=true")
     assert isinstance(docs, list)
     (pm,) = by_kind(docs, "PodMonitor")
@@ -488,9 +377,7 @@ def test_pod_monitor_matches_the_operators_head_pod(helm: str) -> None:
 
 
 def test_dashboard_configmap(helm: str) -> None:
-    docs = render(
-        helm, "dashboard.namespace=monitoring", "dashboard.annotations.grafana_folder=EnvPool"
-    )
+    docs = render(helm, "dashboard.namespace=monitoring", "dashboard.annotations.grafana_folder=EnvPool")
     assert isinstance(docs, list)
     (cm,) = by_kind(docs, "ConfigMap")
     assert cm["metadata"]["namespace"] == "monitoring"
@@ -528,9 +415,7 @@ def test_promtool_check_rules(promtool: str) -> None:
 
 
 def test_promtool_test_rules(promtool: str) -> None:
-    proc = subprocess.run(
-        [promtool, "test", "rules", str(ALERT_TESTS)], capture_output=True, text=True
-    )
+    proc = subprocess.run([promtool, "test", "rules", str(ALERT_TESTS)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout
 
@@ -539,19 +424,11 @@ def test_every_alert_fires_in_a_test_and_is_quiet_in_another() -> None:
     tests = yaml.safe_load(ALERT_TESTS.read_text())["tests"]
     cases = [c for t in tests for c in t["alert_rule_test"]]
     names = {r["alert"] for r in _alert_rules()}
-    assert names == {
-        "EnvPoolActorRestartStorm",
-        "EnvPoolEnvFailureRateHigh",
-        "EnvPoolEnvsFailed",
-        "EnvPoolDegraded",
-        "EnvPoolOperatorDown",
-        "EnvPoolOperatorReconcileErrors",
-    }
+    assert names == {"EnvPoolActorRestartStorm", "EnvPoolEnvFailureRateHigh", "EnvPoolEnvsFailed",
+                     "EnvPoolDegraded", "EnvPoolOperatorDown", "EnvPoolOperatorReconcileErrors"}
     for name in names:
         assert any(c["alertname"] == name and c["exp_alerts"] for c in cases), f"{name} never fires"
-        assert any(c["alertname"] == name and not c["exp_alerts"] for c in cases), (
-            f"{name} never quiet"
-        )
+        assert any(c["alertname"] == name and not c["exp_alerts"] for c in cases), f"{name} never quiet"
     for rule in _alert_rules():
         assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
         assert rule.get("for"), rule["alert"]
@@ -572,9 +449,7 @@ def test_alert_tests_fail_without_the_alert(promtool: str, tmp_path: Path, alert
     tests["rule_files"] = [str(rules)]
     test_file = tmp_path / "test.yaml"
     test_file.write_text(yaml.safe_dump(tests))
-    proc = subprocess.run(
-        [promtool, "test", "rules", str(test_file)], capture_output=True, text=True
-    )
+    proc = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True)
     assert proc.returncode != 0, proc.stdout
     assert f"alertname: {alert}," in proc.stdout + proc.stderr
 
@@ -612,17 +487,10 @@ def test_dashboard_and_alerts_use_only_exported_metrics() -> None:
     missing = {m: where for m, where in used.items() if m not in exported}
     assert not missing, f"queried but exported by nobody: {missing}"
     # and the DESIGN.md names are all on the dashboard
-    for name in (
-        "envpool_polls_total",
-        "envpool_poll_batch_size_bucket",
-        "envpool_poll_wait_seconds_bucket",
-        "envpool_env_steps_total",
-        "envpool_env_failures_total",
-        "envpool_actor_restarts_total",
-        "envpool_envs",
-        "envpool_operator_reconciles_total",
-        "envpool_operator_reconcile_duration_seconds_bucket",
-    ):
+    for name in ("envpool_polls_total", "envpool_poll_batch_size_bucket", "envpool_poll_wait_seconds_bucket",
+                 "envpool_env_steps_total", "envpool_env_failures_total", "envpool_actor_restarts_total",
+                 "envpool_envs", "envpool_operator_reconciles_total",
+                 "envpool_operator_reconcile_duration_seconds_bucket"):
         assert name in used, f"{name} has no panel"
 
 
@@ -634,22 +502,15 @@ def test_dockerfile_is_the_one_image() -> None:
     base = re.search(r"^ARG RAY_IMAGE=rayproject/ray:(\d+\.\d+\.\d+)-py3(\d+)$", text, re.M)
     assert base, "Dockerfile: ARG RAY_IMAGE=rayproject/ray:<version>-py3<minor>"
     ray_version = tuple(int(x) for x in base.group(1).split("."))
-    req = re.search(
-        r'^\s*"(ray\[default\]>=([\d.]+),<([\d.]+))"', (REPO / "pyproject.toml").read_text(), re.M
-    )
+    req = re.search(r'^\s*"(ray\[default\]>=([\d.]+),<([\d.]+))"', (REPO / "pyproject.toml").read_text(), re.M)
     assert req, "pyproject.toml: ray[default]>=X,<Y"
     ray_req, low, high = req.groups()
-    assert (
-        tuple(int(x) for x in low.split("."))
-        <= ray_version
-        < tuple(int(x) for x in high.split("."))
-    ), f"base image Ray {base.group(1)} outside {ray_req}"
+    assert tuple(int(x) for x in low.split(".")) <= ray_version < tuple(int(x) for x in high.split(".")), \
+        f"base image Ray {base.group(1)} outside {ray_req}"
     # every package directory is copied in, and the image runs as the chart's user
     for folder in ("remote_env", "operator"):
         assert re.search(rf"^COPY .*\b{folder}\b", text, re.M), folder
     values = yaml.safe_load(_values_text())
-    user = (
-        f"{values['podSecurityContext']['runAsUser']}:{values['podSecurityContext']['runAsGroup']}"
-    )
+    user = f"{values['podSecurityContext']['runAsUser']}:{values['podSecurityContext']['runAsGroup']}"
     assert re.search(rf"^USER {user}$", text, re.M), f"USER {user}"
     assert not re.search(r"^ENTRYPOINT", text, re.M)  # KubeRay and the chart set the commands

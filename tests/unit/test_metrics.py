@@ -18,19 +18,12 @@ def test_pool_metrics_on_injected_registry_and_http() -> None:
     a.track_states(lambda: {"running": 3, "failed": 1})
     assert reg.get_sample_value("envpool_polls_total", {"pool": "a"}) == 1
     assert reg.get_sample_value("envpool_polls_total", {"pool": "b"}) == 0
-    assert (
-        reg.get_sample_value("envpool_env_failures_total", {"pool": "a", "reason": "timeout"}) == 1
-    )
-    assert (
-        reg.get_sample_value("envpool_env_failures_total", {"pool": "a", "reason": "exception"})
-        == 0
-    )
+    assert reg.get_sample_value("envpool_env_failures_total", {"pool": "a", "reason": "timeout"}) == 1
+    assert reg.get_sample_value("envpool_env_failures_total", {"pool": "a", "reason": "exception"}) == 0
     assert reg.get_sample_value("envpool_envs", {"pool": "a", "state": "failed"}) == 1
     server = serve_metrics(reg, 0)
     try:
-        text = (
-            urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics").read().decode()
-        )
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics").read().decode()
     finally:
         server.shutdown()
     names = {s.name for f in text_string_to_metric_families(text) for s in f.samples}

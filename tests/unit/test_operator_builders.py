@@ -78,15 +78,12 @@ def test_head_runs_pool_server_sidecar() -> None:
     assert side["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert side["ports"] == [{"name": "metrics", "containerPort": 9100, "protocol": "TCP"}]
     assert {"name": "pool-config", "mountPath": "/etc/envpool", "readOnly": True} in side[
-        "volumeMounts"
-    ]
+        "volumeMounts"]
     vols = {v["name"]: v for v in _head(rc)["spec"]["volumes"]}
     assert vols["pool-config"]["configMap"]["name"] == "cp-pool"
     env = {e["name"]: e for e in side["env"]}
     assert env["ENVPOOL_POOL_NAME"]["value"] == "cp"
-    assert (
-        env["ENVPOOL_POOL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-    )
+    assert env["ENVPOOL_POOL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert env["RAY_ADDRESS"]["value"] == "127.0.0.1:6379"
     ann = _head(rc)["metadata"]["annotations"]
     assert ann["prometheus.io/port"] == "9100" and ann["prometheus.io/scrape"] == "true"
@@ -103,11 +100,8 @@ def test_image_defaults_to_the_operator_setting_and_can_be_overridden() -> None:
 def test_labels_on_everything() -> None:
     pool = _pool(name="p1")
     rc = builders.build_ray_cluster(pool, SETTINGS)
-    want = {
-        "app.kubernetes.io/name": "envpool",
-        "app.kubernetes.io/instance": "p1",
-        "envpool.dev/pool": "p1",
-    }
+    want = {"app.kubernetes.io/name": "envpool", "app.kubernetes.io/instance": "p1",
+            "envpool.dev/pool": "p1"}
     for labels in (
         rc["metadata"]["labels"],
         _head(rc)["metadata"]["labels"],
@@ -161,9 +155,7 @@ def test_rbac_is_least_privilege_for_own_envpool() -> None:
         assert rule["resourceNames"] == ["p1"]
         assert set(rule["verbs"]) <= {"get", "watch", "patch"}
     assert {r for rule in role["rules"] for r in rule["resources"]} == {
-        "envpools",
-        "envpools/status",
-    }
+        "envpools", "envpools/status"}
     binding = builders.build_role_binding(pool)
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["name"] == "p1-pool-server"
@@ -227,5 +219,4 @@ def test_builders_are_deterministic_and_do_not_share_state() -> None:
     b = builders.build_ray_cluster(_pool(), SETTINGS)
     assert b["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
     assert json.dumps(b, sort_keys=True) == json.dumps(
-        builders.build_ray_cluster(_pool(), SETTINGS), sort_keys=True
-    )
+        builders.build_ray_cluster(_pool(), SETTINGS), sort_keys=True)

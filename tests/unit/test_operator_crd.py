@@ -102,8 +102,7 @@ def test_crd_ranges_agree_with_spec_module(crd: dict[str, Any]) -> None:
     assert props["autoresetMode"]["enum"] == list(spec.AUTORESET_MODES)
     assert "envsPerActor" not in _defaults(_spec_schema(crd))  # min(8, replicas) in code
     name = _version(crd)["schema"]["openAPIV3Schema"]["properties"]["metadata"]["properties"][
-        "name"
-    ]
+        "name"]
     rules = [v["rule"] for v in name["x-kubernetes-validations"]]
     assert any(f"<= {spec.MAX_NAME_LENGTH}" in r for r in rules)
     assert any(spec._NAME_RE.pattern in r for r in rules)
@@ -112,11 +111,8 @@ def test_crd_ranges_agree_with_spec_module(crd: dict[str, Any]) -> None:
 def test_every_schema_object_is_structural(crd: dict[str, Any]) -> None:
     # every property has a type (or int-or-string / preserve-unknown)
     def walk(node: dict[str, Any], path: str) -> None:
-        ok = (
-            "type" in node
-            or node.get("x-kubernetes-int-or-string")
-            or node.get("x-kubernetes-preserve-unknown-fields")
-        )
+        ok = ("type" in node or node.get("x-kubernetes-int-or-string")
+              or node.get("x-kubernetes-preserve-unknown-fields"))
         assert ok, f"{path} has no type"
         for key, child in (node.get("properties") or {}).items():
             walk(child, f"{path}.{key}")

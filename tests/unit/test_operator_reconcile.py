@@ -22,19 +22,15 @@ def _body(**spec_over: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {"env": {"id": "CartPole-v1"}, "replicas": 16}
     spec.update(spec_over)
     return {
-        "apiVersion": "envpool.dev/v1alpha1",
-        "kind": "EnvPool",
+        "apiVersion": "envpool.dev/v1alpha1", "kind": "EnvPool",
         "metadata": {"name": "cp", "namespace": "ns", "uid": UID, "generation": 2},
-        "spec": spec,
-        "status": {},
+        "spec": spec, "status": {},
     }
 
 
 def _runtime(**over: Any) -> reconcile.Runtime:
-    return reconcile.Runtime(
-        settings=settings.Settings(**over),
-        metrics=metrics.OperatorMetrics(prometheus_client.CollectorRegistry()),
-    )
+    return reconcile.Runtime(settings=settings.Settings(**over),
+                             metrics=metrics.OperatorMetrics(prometheus_client.CollectorRegistry()))
 
 
 class _Log:
@@ -59,9 +55,8 @@ def test_invalid_spec_is_permanent_before_any_api_call() -> None:
     assert out.result == "invalid"
     assert out.status["phase"] == "Failed"
     assert out.status["observedGeneration"] == 2
-    assert (
-        "spec.replicas: must be in [1, 100000], got 0" in _cond(out.status, "SpecValid")["message"]
-    )
+    assert "spec.replicas: must be in [1, 100000], got 0" in _cond(out.status, "SpecValid")[
+        "message"]
     assert _cond(out.status, "Ready")["reason"] == "InvalidSpec"
 
 
@@ -75,13 +70,8 @@ def test_no_existing_cluster_is_no_problem() -> None:
 
 
 def test_own_cluster_is_updated_in_place() -> None:
-    mine = {
-        "metadata": {
-            "name": "cp",
-            "uid": "rc",
-            "ownerReferences": [{"kind": "EnvPool", "name": "cp", "uid": UID}],
-        }
-    }
+    mine = {"metadata": {"name": "cp", "uid": "rc", "ownerReferences": [
+        {"kind": "EnvPool", "name": "cp", "uid": UID}]}}
     assert reconcile.ownership_problem(mine, name="cp", uid=UID) is None
 
 
@@ -95,26 +85,16 @@ def test_foreign_cluster_is_never_taken_over() -> None:
 
 
 def test_previous_pools_cluster_is_waited_for() -> None:
-    old = {
-        "metadata": {
-            "name": "cp",
-            "uid": "old",
-            "ownerReferences": [{"kind": "EnvPool", "name": "cp", "uid": "an-older-uid"}],
-        }
-    }
+    old = {"metadata": {"name": "cp", "uid": "old", "ownerReferences": [
+        {"kind": "EnvPool", "name": "cp", "uid": "an-older-uid"}]}}
     got = reconcile.ownership_problem(old, name="cp", uid=UID)
     assert got is not None and got[0].reason == "Rolling"
     assert "garbage-collected" in got[0].message
 
 
 def test_own_cluster_being_deleted_is_waited_for() -> None:
-    going = {
-        "metadata": {
-            "name": "cp",
-            "deletionTimestamp": "2026-01-01T00:00:00Z",
-            "ownerReferences": [{"kind": "EnvPool", "name": "cp", "uid": UID}],
-        }
-    }
+    going = {"metadata": {"name": "cp", "deletionTimestamp": "2026-01-01T00:00:00Z",
+                          "ownerReferences": [{"kind": "EnvPool", "name": "cp", "uid": UID}]}}
     got = reconcile.ownership_problem(going, name="cp", uid=UID)
     assert got is not None and got[0].reason == "Rolling"
     assert got[1] == reconcile.ROLL_POLL_SECONDS
@@ -129,13 +109,8 @@ def test_own_cluster_being_deleted_is_waited_for() -> None:
     ],
 )
 def test_a_problem_becomes_a_pending_condition(reason: str, message: str) -> None:
-    st = reconcile.compute(
-        _body(),
-        settings=settings.Settings(),
-        ray_cluster=None,
-        reconciled=False,
-        problem=status.Problem(reason, message),
-    )
+    st = reconcile.compute(_body(), settings=settings.Settings(), ray_cluster=None,
+                           reconciled=False, problem=status.Problem(reason, message))
     assert st["phase"] == "Pending"
     c = _cond(st, "RayClusterReady")
     assert (c["status"], c["reason"], c["message"]) == ("False", reason, message)
@@ -149,14 +124,9 @@ def test_compute_reflects_the_cached_ray_cluster() -> None:
     pool = reconcile.parse(body, runtime.settings)
     rc = builders.build_ray_cluster(pool, runtime.settings)
     rc["metadata"]["generation"] = 1
-    rc["status"] = {
-        "observedGeneration": 1,
-        "readyWorkerReplicas": 1,
-        "conditions": [
-            {"type": "HeadPodReady", "status": "True"},
-            {"type": "RayClusterProvisioned", "status": "True"},
-        ],
-    }
+    rc["status"] = {"observedGeneration": 1, "readyWorkerReplicas": 1, "conditions": [
+        {"type": "HeadPodReady", "status": "True"},
+        {"type": "RayClusterProvisioned", "status": "True"}]}
     st = reconcile.compute(body, settings=runtime.settings, ray_cluster=rc, reconciled=True)
     assert st["phase"] == "Ready"
     assert st["readyEnvs"] == 16 and st["replicas"] == 16
@@ -183,13 +153,9 @@ def test_refreshed_status_only_when_something_changes() -> None:
     assert "observedGeneration" not in first  # a refresh never claims a generation
     body["status"] = first
     assert reconcile.refreshed_status(body, rc, cfg) is None  # nothing new to say
-    rc["status"] = {
-        "readyWorkerReplicas": 1,
-        "conditions": [
-            {"type": "HeadPodReady", "status": "True"},
-            {"type": "RayClusterProvisioned", "status": "True"},
-        ],
-    }
+    rc["status"] = {"readyWorkerReplicas": 1, "conditions": [
+        {"type": "HeadPodReady", "status": "True"},
+        {"type": "RayClusterProvisioned", "status": "True"}]}
     second = reconcile.refreshed_status(body, rc, cfg)
     assert second is not None and second["phase"] == "Ready"
     body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"

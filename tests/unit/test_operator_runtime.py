@@ -12,15 +12,13 @@ from envpool_operator import cli, kube, metrics, settings
 
 
 def test_settings_from_env() -> None:
-    cfg = settings.from_env(
-        {
-            "ENVPOOL_IMAGE": "reg/envpool:9",
-            "ENVPOOL_WATCH_NAMESPACES": "a, b,,",
-            "ENVPOOL_OPERATOR_METRICS_PORT": "9999",
-            "ENVPOOL_MAX_WORKERS_PER_POOL": "5",
-            "ENVPOOL_RESYNC_SECONDS": "2.5",
-        }
-    )
+    cfg = settings.from_env({
+        "ENVPOOL_IMAGE": "reg/envpool:9",
+        "ENVPOOL_WATCH_NAMESPACES": "a, b,,",
+        "ENVPOOL_OPERATOR_METRICS_PORT": "9999",
+        "ENVPOOL_MAX_WORKERS_PER_POOL": "5",
+        "ENVPOOL_RESYNC_SECONDS": "2.5",
+    })
     assert cfg.image == "reg/envpool:9"
     assert cfg.namespaces == ("a", "b")
     assert cfg.metrics_port == 9999
@@ -39,35 +37,21 @@ def test_metrics_on_an_injected_registry() -> None:
     reg = prometheus_client.CollectorRegistry()
     m = metrics.OperatorMetrics(reg)
     for result in metrics.RESULTS:  # created up front, at zero
-        assert reg.get_sample_value("envpool_operator_reconciles_total", {"result": result}) == 0.0
+        assert reg.get_sample_value(
+            "envpool_operator_reconciles_total", {"result": result}) == 0.0
     m.reconciles.labels(result="retry").inc()
     m.reconcile_duration.observe(0.2)
     assert reg.get_sample_value("envpool_operator_reconciles_total", {"result": "retry"}) == 1.0
     assert reg.get_sample_value("envpool_operator_reconcile_duration_seconds_count") == 1.0
     # nothing on the global registry
-    assert (
-        prometheus_client.REGISTRY.get_sample_value(
-            "envpool_operator_reconciles_total", {"result": "retry"}
-        )
-        is None
-    )
+    assert prometheus_client.REGISTRY.get_sample_value(
+        "envpool_operator_reconciles_total", {"result": "retry"}) is None
 
 
 def test_cli_arguments() -> None:
     p = cli._parser()
-    a = p.parse_args(
-        [
-            "-n",
-            "x",
-            "--namespace",
-            "y",
-            "--liveness",
-            "http://0.0.0.0:8080/healthz",
-            "--metrics-port",
-            "0",
-            "--standalone",
-        ]
-    )
+    a = p.parse_args(["-n", "x", "--namespace", "y", "--liveness", "http://0.0.0.0:8080/healthz",
+                      "--metrics-port", "0", "--standalone"])
     assert a.namespace == ["x", "y"] and a.standalone and a.metrics_port == 0
     with pytest.raises(SystemExit):
         p.parse_args(["-n", "x", "--all-namespaces"])
@@ -81,20 +65,9 @@ def _api_error(code: int, message: str, kind: str = "Status") -> k8s_exceptions.
 @pytest.mark.parametrize(
     ("code", "message", "kind", "reason", "delay"),
     [
-        (
-            403,
-            'configmaps "x" is forbidden: exceeded quota: q, requested: count/configmaps=1',
-            "Status",
-            "QuotaExceeded",
-            60,
-        ),
-        (
-            403,
-            'rayclusters.ray.io is forbidden: User "op" cannot create',
-            "Status",
-            "Forbidden",
-            60,
-        ),
+        (403, 'configmaps "x" is forbidden: exceeded quota: q, requested: count/configmaps=1',
+         "Status", "QuotaExceeded", 60),
+        (403, 'rayclusters.ray.io is forbidden: User "op" cannot create', "Status", "Forbidden", 60),
         (404, "", "", "KubeRayMissing", 30),
         (422, "spec.x: Invalid value", "Status", "Invalid", None),
         (409, "conflict", "Status", "ApiError", 5),
@@ -102,11 +75,7 @@ def _api_error(code: int, message: str, kind: str = "Status") -> k8s_exceptions.
     ],
 )
 def test_api_errors_map_to_conditions(
-    code: int,
-    message: str,
-    kind: str,
-    reason: str,
-    delay: float | None,
+    code: int, message: str, kind: str, reason: str, delay: float | None,
 ) -> None:
     got = kube.problem_from_api_error(_api_error(code, message, kind), "applying X ns/n")
     assert got.problem.reason == reason
@@ -157,8 +126,7 @@ def test_pool_phase_gauge_follows_the_known_pools() -> None:
 
     def value(ns: str, pool: str, phase: str) -> float | None:
         return reg.get_sample_value(
-            "envpool_pool_phase", {"namespace": ns, "pool": pool, "phase": phase}
-        )
+            "envpool_pool_phase", {"namespace": ns, "pool": pool, "phase": phase})
 
     assert value("team-a", "cp", "Ready") == 1.0
     assert value("team-a", "cp", "Degraded") == 0.0

@@ -48,11 +48,9 @@ def test_envs_per_actor_default_is_capped_by_replicas() -> None:
 )
 def test_worker_count(replicas: int, per_actor: int, per_worker: int, workers: int) -> None:
     pool = spec.parse_spec(
-        _spec(
-            replicas=replicas, envsPerActor=per_actor, ray={"worker": {"envsPerWorker": per_worker}}
-        ),
-        name="cp",
-        limits=spec.Limits(max_workers=10_000),
+        _spec(replicas=replicas, envsPerActor=per_actor,
+              ray={"worker": {"envsPerWorker": per_worker}}),
+        name="cp", limits=spec.Limits(max_workers=10_000),
     )
     assert pool.workers == workers
     # every actor fits: workers * actors_per_worker >= actors
@@ -74,10 +72,7 @@ def _errors(raw: dict[str, Any], name: str = "cp", **kw: Any) -> list[str]:
 @pytest.mark.parametrize(
     ("raw", "needle"),
     [
-        (
-            {"env": {}, "replicas": 1},
-            "exactly one of env.id or env.entrypoint must be set, got neither",
-        ),
+        ({"env": {}, "replicas": 1}, "exactly one of env.id or env.entrypoint must be set, got neither"),
         ({"env": {"id": "CartPole-v1", "entrypoint": "a:b"}, "replicas": 1}, "got both"),
         (_spec(env={"entrypoint": "no_colon"}), "expected 'package.module:callable'"),
         (_spec(env={"entrypoint": "a.b:c:d"}), "expected 'package.module:callable'"),
@@ -98,22 +93,13 @@ def _errors(raw: dict[str, Any], name: str = "cp", **kw: Any) -> list[str]:
         (_spec(ray={"version": "latest"}), "expected a Ray release"),
         (_spec(ray={"image": "bad image"}), "no whitespace"),
         (_spec(ray={"head": {"resources": {"requests": {"cpu": "lots"}}}}), "expected a quantity"),
-        (
-            _spec(ray={"head": {"resources": {"requests": {"memory": "-1Gi"}}}}),
-            "expected a quantity",
-        ),
+        (_spec(ray={"head": {"resources": {"requests": {"memory": "-1Gi"}}}}), "expected a quantity"),
         (_spec(ray={"head": {"resources": {"requests": {"cpu": "0"}}}}), "greater than zero"),
         (_spec(ray={"head": {"resources": {"limits": {"memory": "100Mi"}}}}), "at least 256Mi"),
-        (
-            _spec(
-                ray={"worker": {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}}
-            ),
-            "request 2 exceeds limit 1",
-        ),
-        (
-            _spec(ray={"worker": {"tolerations": [{"operator": "Exists", "value": "x"}]}}),
-            "must be empty when operator is Exists",
-        ),
+        (_spec(ray={"worker": {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}}),
+         "request 2 exceeds limit 1"),
+        (_spec(ray={"worker": {"tolerations": [{"operator": "Exists", "value": "x"}]}}),
+         "must be empty when operator is Exists"),
         (_spec(ray={"worker": {"nodeSelector": {"zone": 3}}}), "expected a string"),
         (_spec(bogus=1), "spec.bogus: unknown field"),
         (_spec(env={"id": "CartPole-v1", "kwarg": {}}), "spec.env.kwarg: unknown field"),
@@ -170,16 +156,11 @@ def test_integer_quantities_are_accepted() -> None:
 
 def test_to_manifest_round_trips() -> None:
     raw = _spec(
-        env={
-            "entrypoint": "remote_env.examples:rps_parallel_env",
-            "kwargs": {"n": 3},
-            "multiAgent": True,
-        },
+        env={"entrypoint": "remote_env.examples:rps_parallel_env", "kwargs": {"n": 3},
+             "multiAgent": True},
         envsPerActor=4,
-        ray={
-            "runtimeEnv": {"env_vars": {"A": "1"}},
-            "worker": {"tolerations": [{"key": "k", "operator": "Exists"}]},
-        },
+        ray={"runtimeEnv": {"env_vars": {"A": "1"}},
+             "worker": {"tolerations": [{"key": "k", "operator": "Exists"}]}},
     )
     pool = spec.parse_spec(raw, name="cp")
     again = spec.parse_spec(pool.to_manifest(), name="cp")

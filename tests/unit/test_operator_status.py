@@ -20,18 +20,10 @@ def _pool(**over: Any) -> spec.PoolSpec:
     return spec.parse_spec(raw, name="cp", namespace="ns")
 
 
-def _rc(
-    pool: spec.PoolSpec,
-    *,
-    head_ready: bool = True,
-    ready_workers: int | None = None,
-    generation: int = 1,
-    observed: int = 1,
-    state: str = "ready",
-    hash_: str | None = None,
-    extra_conditions: list[dict[str, Any]] | None = None,
-    provisioned: bool = True,
-) -> dict[str, Any]:
+def _rc(pool: spec.PoolSpec, *, head_ready: bool = True, ready_workers: int | None = None,
+        generation: int = 1, observed: int = 1, state: str = "ready",
+        hash_: str | None = None, extra_conditions: list[dict[str, Any]] | None = None,
+        provisioned: bool = True) -> dict[str, Any]:
     rc = builders.build_ray_cluster(pool, SETTINGS)
     rc["metadata"]["generation"] = generation
     if hash_ is not None:
@@ -40,50 +32,32 @@ def _rc(
         "state": state,
         "observedGeneration": observed,
         "readyWorkerReplicas": pool.workers if ready_workers is None else ready_workers,
-        "conditions": [
-            {"type": "HeadPodReady", "status": "True" if head_ready else "False"},
-            {"type": "RayClusterProvisioned", "status": "True" if provisioned else "False"},
-            *(extra_conditions or []),
-        ],
+        "conditions": [{"type": "HeadPodReady", "status": "True" if head_ready else "False"},
+                       {"type": "RayClusterProvisioned",
+                        "status": "True" if provisioned else "False"},
+                       *(extra_conditions or [])],
         "head": {"serviceName": "cp-head-svc"},
     }
     return rc
 
 
-def _report(
-    ready: int, desired: int = 16, *, at: datetime.datetime = NOW, error: str | None = None
-) -> dict[str, Any]:
-    rep: dict[str, Any] = {
-        "readyEnvs": ready,
-        "desiredEnvs": desired,
-        "restarts": 0,
-        "updatedAt": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
+def _report(ready: int, desired: int = 16, *, at: datetime.datetime = NOW,
+            error: str | None = None) -> dict[str, Any]:
+    rep: dict[str, Any] = {"readyEnvs": ready, "desiredEnvs": desired, "restarts": 0,
+                           "updatedAt": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
     if error:
         rep["lastError"] = error
     return rep
 
 
-def _compute(
-    pool: spec.PoolSpec | None,
-    rc: dict[str, Any] | None,
-    report: dict[str, Any] | None = None,
-    previous: dict[str, Any] | None = None,
-    **kw: Any,
-) -> dict[str, Any]:
+def _compute(pool: spec.PoolSpec | None, rc: dict[str, Any] | None,
+             report: dict[str, Any] | None = None, previous: dict[str, Any] | None = None,
+             **kw: Any) -> dict[str, Any]:
     return status.compute_status(
-        name="cp",
-        namespace="ns",
-        generation=3,
-        observed_generation=3,
-        pool=pool,
-        spec_error=kw.pop("spec_error", None),
-        ray_cluster=rc,
-        pool_report=report,
-        previous=previous or {},
-        now=kw.pop("now", NOW),
-        expected_hash=builders.cluster_hash(pool, SETTINGS) if pool else None,
-        **kw,
+        name="cp", namespace="ns", generation=3, observed_generation=3, pool=pool,
+        spec_error=kw.pop("spec_error", None), ray_cluster=rc, pool_report=report,
+        previous=previous or {}, now=kw.pop("now", NOW),
+        expected_hash=builders.cluster_hash(pool, SETTINGS) if pool else None, **kw,
     )
 
 
@@ -131,11 +105,7 @@ def test_problem_is_reported_as_pending_with_reason() -> None:
     st = _compute(_pool(), None, problem=problem)
     assert st["phase"] == "Pending"
     c = _cond(st, "RayClusterReady")
-    assert (c["status"], c["reason"], c["message"]) == (
-        "False",
-        "KubeRayMissing",
-        "install KubeRay",
-    )
+    assert (c["status"], c["reason"], c["message"]) == ("False", "KubeRayMissing", "install KubeRay")
     assert _cond(st, "Ready")["reason"] == "KubeRayMissing"
 
 
@@ -205,10 +175,8 @@ def test_stale_report_is_not_trusted() -> None:
     assert _cond(st, "PoolServerReady")["reason"] == "ReportStale"
     assert st["phase"] == "Provisioning"
     # and a serving pool whose server went quiet is degraded
-    assert (
-        _compute(pool, _rc(pool), _report(16, at=old), previous={"phase": "Ready"})["phase"]
-        == "Degraded"
-    )
+    assert _compute(pool, _rc(pool), _report(16, at=old),
+                    previous={"phase": "Ready"})["phase"] == "Degraded"
 
 
 def test_first_provisioning_is_not_ready() -> None:
@@ -239,7 +207,8 @@ def test_scaling_until_the_pool_server_catches_up() -> None:
 
 def test_degraded_when_a_serving_pool_loses_envs() -> None:
     pool = _pool()
-    st = _compute(pool, _rc(pool), _report(12, error="actor 3 died"), previous={"phase": "Ready"})
+    st = _compute(pool, _rc(pool), _report(12, error="actor 3 died"),
+                  previous={"phase": "Ready"})
     assert st["phase"] == "Degraded"
     assert "12/16" in st["message"] and "actor 3 died" in st["message"]
     # the same report on a pool that never served is still provisioning
@@ -302,13 +271,8 @@ def test_last_transition_time_kept_while_status_unchanged() -> None:
     second = _compute(pool, _rc(pool), _report(16, at=later), previous=first, now=later)
     assert _cond(second, "SpecValid")["lastTransitionTime"] == STAMP  # unchanged
     assert _cond(second, "RayClusterReady")["lastTransitionTime"] == "2026-06-01T12:05:00Z"
-    third = _compute(
-        pool,
-        _rc(pool),
-        _report(16, at=later),
-        previous=second,
-        now=later + datetime.timedelta(seconds=30),
-    )
+    third = _compute(pool, _rc(pool), _report(16, at=later), previous=second,
+                     now=later + datetime.timedelta(seconds=30))
     assert third["conditions"] == second["conditions"]
     assert not status.status_changed(second, third)
 

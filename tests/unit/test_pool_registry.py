@@ -82,9 +82,8 @@ def test_replacement_requests_reach_the_server_and_trainers_wait_for_the_new_act
     reg, _ = _registry(2, 2)
     assert not reg.request_replace(0, "stale-id", "actor_died")  # not the slot's actor
     results: list[dict[str, object]] = []
-    waiter = threading.Thread(
-        target=lambda: results.append(reg.wait_for_replacement(1, "id1-1", timeout=10))
-    )
+    waiter = threading.Thread(target=lambda: results.append(
+        reg.wait_for_replacement(1, "id1-1", timeout=10)))
     waiter.start()
     assert reg.request_replace(1, "id1-1", "timeout")
     sync = reg.server_sync(None, None, timeout=10)  # returns at once: a request is waiting
@@ -98,9 +97,7 @@ def test_replacement_requests_reach_the_server_and_trainers_wait_for_the_new_act
     waiter.join(5)
     assert results == [{"slot": new[1]}]
     assert reg.wait_for_replacement(0, "id0-1", timeout=0) == {
-        "timeout": True,
-        "server_seen_s_ago": 0.0,
-    }
+        "timeout": True, "server_seen_s_ago": 0.0}
     reg.server_sync(new[1:], None, timeout=0)
     assert reg.wait_for_replacement(0, "id0-1", timeout=0) == {"removed": True}
 
@@ -111,5 +108,4 @@ def test_a_restarted_registry_waits_for_the_layout_instead_of_failing_trainers()
     assert reg.request_replace(0, "id0-1", "actor_died")
     assert reg.wait_for_replacement(0, "id0-1", timeout=0)["timeout"] is True
     assert reg.server_sync(_slots(2, 2), None, timeout=0)["requests"] == [
-        (0, "id0-1", "actor_died")
-    ]
+        (0, "id0-1", "actor_died")]

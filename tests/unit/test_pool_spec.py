@@ -22,12 +22,9 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "examples
 
 
 def _doc(**spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "envpool.dev/v1alpha1",
-        "kind": "EnvPool",
-        "metadata": {"name": "cp", "namespace": "rl"},
-        "spec": {"env": {"id": "CartPole-v1"}, "replicas": 4, **spec},
-    }
+    return {"apiVersion": "envpool.dev/v1alpha1", "kind": "EnvPool",
+            "metadata": {"name": "cp", "namespace": "rl"},
+            "spec": {"env": {"id": "CartPole-v1"}, "replicas": 4, **spec}}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -36,39 +33,16 @@ def test_examples_parse_as_the_operator_parses_them(path: Path) -> None:
     ours = pool_spec.load(path)
     theirs = op_spec.parse_spec(doc["spec"], name=doc["metadata"]["name"])
     assert ours.name == theirs.name
-    assert (
-        ours.replicas,
-        ours.envs_per_actor,
-        ours.batch_wait_ms,
-        ours.autoreset_mode,
-        ours.suspend,
-        ours.metrics_port,
-    ) == (
-        theirs.replicas,
-        theirs.envs_per_actor,
-        theirs.batch_wait_ms,
-        theirs.autoreset_mode,
-        theirs.suspend,
-        theirs.metrics_port,
-    )
+    assert (ours.replicas, ours.envs_per_actor, ours.batch_wait_ms, ours.autoreset_mode,
+            ours.suspend, ours.metrics_port) == (
+        theirs.replicas, theirs.envs_per_actor, theirs.batch_wait_ms, theirs.autoreset_mode,
+        theirs.suspend, theirs.metrics_port)
     assert (ours.env.id, ours.env.entrypoint, dict(ours.env.kwargs), ours.env.multi_agent) == (
-        theirs.env.id,
-        theirs.env.entrypoint,
-        dict(theirs.env.kwargs),
-        theirs.env.multi_agent,
-    )
+        theirs.env.id, theirs.env.entrypoint, dict(theirs.env.kwargs), theirs.env.multi_agent)
     ft, oft = ours.fault_tolerance, theirs.fault_tolerance
-    assert (
-        ft.restart_failed_envs,
-        ft.step_timeout_seconds,
-        ft.max_restarts,
-        ft.restart_backoff_seconds,
-    ) == (
-        oft.restart_failed_envs,
-        oft.step_timeout_seconds,
-        oft.max_restarts,
-        oft.restart_backoff_seconds,
-    )
+    assert (ft.restart_failed_envs, ft.step_timeout_seconds, ft.max_restarts,
+            ft.restart_backoff_seconds) == (oft.restart_failed_envs, oft.step_timeout_seconds,
+                                            oft.max_restarts, oft.restart_backoff_seconds)
     assert dict(ours.runtime_env) == dict(theirs.ray.runtime_env)
 
 
@@ -81,11 +55,7 @@ def test_the_operators_config_map_document_is_what_serve_reads(path: Path, tmp_p
     f.write_text(cm["data"][builders.CONFIG_KEY])
     ours = pool_spec.load(f)
     assert (ours.name, ours.namespace, ours.replicas, ours.envs_per_actor) == (
-        pool.name,
-        "team-a",
-        pool.replicas,
-        pool.envs_per_actor,
-    )
+        pool.name, "team-a", pool.replicas, pool.envs_per_actor)
 
 
 def test_defaults_and_derived_values() -> None:
@@ -104,17 +74,11 @@ def test_defaults_and_derived_values() -> None:
 
 def test_every_problem_is_reported_with_its_field() -> None:
     with pytest.raises(pool_spec.PoolSpecError) as err:
-        pool_spec.parse_manifest(
-            _doc(
-                env={"id": "CartPole-v1", "entrypoint": "a.b:c"},
-                replicas=0,
-                envsPerActor=2000,
-                autoresetMode="Sometimes",
-                faultTolerance={"maxRestarts": -1, "retries": 3},
-                metrics={"port": 6379},
-                colour="blue",
-            )
-        )
+        pool_spec.parse_manifest(_doc(
+            env={"id": "CartPole-v1", "entrypoint": "a.b:c"}, replicas=0, envsPerActor=2000,
+            autoresetMode="Sometimes", faultTolerance={"maxRestarts": -1, "retries": 3},
+            metrics={"port": 6379}, colour="blue",
+        ))
     text = "\n".join(err.value.errors)
     for expected in (
         "spec.colour: unknown field",
@@ -155,9 +119,8 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
         pool_spec.load(two)
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text(yaml.safe_dump(_doc(replicas="many")))
-    with pytest.raises(
-        pool_spec.PoolSpecError, match=rf"^{wrong}: spec.replicas: expected an integer"
-    ):
+    with pytest.raises(pool_spec.PoolSpecError,
+                       match=rf"^{wrong}: spec.replicas: expected an integer"):
         pool_spec.load(wrong)
 
 
@@ -166,14 +129,8 @@ def test_env_factory_builds_ids_and_entrypoints_and_pickles() -> None:
 
     env = pool_spec.parse_manifest(_doc()).env_factory()()
     assert env.spec is not None and env.spec.id == "CartPole-v1"
-    ep = pool_spec.parse_manifest(
-        _doc(
-            env={
-                "entrypoint": "remote_env.examples:make_slow_cartpole",
-                "kwargs": {"step_delay_ms": 0},
-            }
-        )
-    )
+    ep = pool_spec.parse_manifest(_doc(env={
+        "entrypoint": "remote_env.examples:make_slow_cartpole", "kwargs": {"step_delay_ms": 0}}))
     factory = pickle.loads(pickle.dumps(ep.env_factory()))
     made = factory()
     assert isinstance(made, gym.Wrapper) and made._delay == 0.0
@@ -194,15 +151,9 @@ def test_resolve_entrypoint_errors() -> None:
 
 def test_host_signature_changes_only_with_what_actors_are_built_from() -> None:
     base = pool_spec.parse_manifest(_doc())
-    assert (
-        base.host_signature()
-        == pool_spec.parse_manifest(_doc(replicas=8, batchWaitMs=10)).host_signature()
-    )
-    assert (
-        base.host_signature()
-        != pool_spec.parse_manifest(_doc(env={"id": "Pendulum-v1"})).host_signature()
-    )
-    assert (
-        base.host_signature()
-        != pool_spec.parse_manifest(_doc(autoresetMode="SameStep")).host_signature()
-    )
+    assert base.host_signature() == pool_spec.parse_manifest(
+        _doc(replicas=8, batchWaitMs=10)).host_signature()
+    assert base.host_signature() != pool_spec.parse_manifest(
+        _doc(env={"id": "Pendulum-v1"})).host_signature()
+    assert base.host_signature() != pool_spec.parse_manifest(
+        _doc(autoresetMode="SameStep")).host_signature()

@@ -26,6 +26,8 @@ from remote_env import multi_agent
 from remote_env._types import Batch, Failure, FailureReason
 
 EnvFn = Callable[[], Any]
+# what a driver may call over a channel (the hot calls; lifecycle stays with Ray)
+_CHANNEL_METHODS = frozenset({"step", "reset", "call", "set_attr"})
 
 
 def restart_seed(seed: int | None, restarts: int) -> int | None:
@@ -263,15 +265,10 @@ class SubEnvHost:
         return self._channel.address, self._channel.authkey
 
     def _serve_channel(self, message: tuple[Any, ...]) -> Any:
-        if message[0] == "step":
-            return self.step(message[1], message[2])
-        if message[0] == "reset":
-            return self.reset(message[1], message[2], message[3])
-        if message[0] == "call":
-            return self.call(message[1], message[2], message[3], message[4])
-        if message[0] == "set_attr":
-            return self.set_attr(message[1], message[2], message[3])
-        raise ValueError(f"unknown channel call {message[0]!r}; expected step, reset, call or set_attr")
+        name, *args = message
+        if name not in _CHANNEL_METHODS:
+            raise ValueError(f"unknown channel call {name!r}; expected one of {sorted(_CHANNEL_METHODS)}")
+        return getattr(self, name)(*args)
 
     def reset(
         self,

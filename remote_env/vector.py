@@ -187,7 +187,10 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         if restart_backoff_s < 0:
             raise ValueError(f"restart_backoff_s must be >= 0, got {restart_backoff_s}")
         if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+            raise ValueError(
+                f"transport must be 'auto' (a Unix socket to actors on this node, Ray calls to "
+                f"others) or 'ray' (Ray calls only), got {transport!r}"
+            )
 
         self.num_envs = len(env_fns)
         self.env_fns = env_fns
@@ -637,20 +640,13 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 env_ids = ids[sel]
                 payload = _take(per_env, sel)
             positions = self._env_pos[env_ids].tolist()
-            chan = self._channel(host)
-            ref: Any
             if is_reset:
                 for e, s in zip(env_ids, payload, strict=True):
                     if s is not None:
                         self._seeds[int(e)] = s
-                if chan is not None:
-                    ref = chan.call(("reset", positions, list(payload), options))
-                else:
-                    ref = host.handle.reset.remote(positions, list(payload), options)
-            elif chan is not None:
-                ref = chan.call(("step", positions, payload))
+                ref = self._host_call(host, "reset", positions, list(payload), options)
             else:
-                ref = host.handle.step.remote(positions, payload)
+                ref = self._host_call(host, "step", positions, payload)
             self._calls[ref] = _Call(h, env_ids, positions, is_reset, now, host.handle,
                                      starting=host.start_ref is not None)
             self._busy[env_ids] = True
@@ -992,7 +988,10 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             channel.get(ref, self._ray)
 
     def _host_call(self, host: _Host, method: str, *args: Any) -> Any:
-        """A host method call on the same path as its steps (so it runs after them)."""
+        """Call a host method over its channel if it has one, else through Ray.
+
+        ``call``/``set_attr`` take the same path as steps, so they run after them.
+        """
         chan = self._channel(host)
         if chan is not None:
             return chan.call((method, *args))

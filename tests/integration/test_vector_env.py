@@ -360,6 +360,8 @@ def test_bad_constructor_arguments() -> None:
         RemoteVectorEnv([_fns("CartPole-v1", 1)[0], "CartPole-v1"])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="envs_per_actor must be an int >= 1, got 0"):
         RemoteVectorEnv(_fns("CartPole-v1", 2), envs_per_actor=0)
+    with pytest.raises(ValueError, match=r"transport must be 'auto' .* or 'ray' .*got 'socket'"):
+        RemoteVectorEnv(_fns("CartPole-v1", 2), transport="socket")
 
 
 def test_env_fn_raising_on_construction_names_the_env_and_leaks_nothing() -> None:

@@ -6,6 +6,7 @@ EnvPool's ``spec.env.entrypoint``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -86,6 +87,27 @@ class SlowCartPole(gym.Wrapper[Any, Any, Any, Any]):
 
 def make_slow_cartpole(step_delay_ms: float = 1.0) -> SlowCartPole:
     return SlowCartPole(step_delay_ms)
+
+
+class AsyncSlowCartPole(SlowCartPole):
+    """:class:`SlowCartPole` whose wait can also be awaited (``astep``/``areset``).
+
+    The same env for gymnasium (``step`` still blocks); a host awaits many of them
+    on one event loop instead of parking a thread per env in ``time.sleep``.
+    """
+
+    async def astep(self, action: Any) -> Any:
+        delay = self._delay + (self._rng.uniform(0, self._jitter) if self._jitter else 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return self.env.step(action)
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        return self.env.reset(seed=seed, options=options)
+
+
+def make_async_slow_cartpole(step_delay_ms: float = 1.0) -> AsyncSlowCartPole:
+    return AsyncSlowCartPole(step_delay_ms)
 
 
 class FaultyEnv(gym.Wrapper[Any, Any, Any, Any]):

@@ -6,17 +6,26 @@ is what makes Ray affordable (an actor round trip costs ~1 ms on 2 cores).
 
 Autoreset happens here, not in the driver, so NEXT_STEP / SAME_STEP never cost an
 extra round trip and a restarted env can be reset where it lives.
+
+Envs that wait on I/O can say so by defining coroutine methods ``astep(action)`` and
+``areset(*, seed=None, options=None)`` next to the usual ``step``/``reset``; a host
+whose envs have both awaits them concurrently on one event loop instead of
+blocking a thread per env. The per-env logic (autoreset, failures, restarts) is
+written once as coroutines: for ordinary envs they never suspend and are run to
+completion by :func:`_run_sync` without an event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import os
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -26,6 +35,7 @@ from remote_env import multi_agent
 from remote_env._types import Batch, Failure, FailureReason
 
 EnvFn = Callable[[], Any]
+T = TypeVar("T")
 # what a driver may call over a channel (the hot calls; lifecycle stays with Ray)
 _CHANNEL_METHODS = frozenset({"step", "reset", "call", "set_attr"})
 
@@ -39,6 +49,23 @@ def restart_seed(seed: int | None, restarts: int) -> int | None:
     if seed is None:
         return None
     return int(np.random.SeedSequence([seed, restarts]).generate_state(1)[0])
+
+
+def has_async_api(env: Any) -> bool:
+    """True if ``env`` defines both ``async def astep`` and ``async def areset``."""
+    return inspect.iscoroutinefunction(getattr(env, "astep", None)) and inspect.iscoroutinefunction(
+        getattr(env, "areset", None)
+    )
+
+
+def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (the host's per-env logic on a sync env)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("a sub-env step awaited outside the host's event loop")
 
 
 class _ActorEnvProxy(gym.Env[Any, Any]):
@@ -137,6 +164,9 @@ class SubEnvHost:
         self._multi_agent = False
         self._box_obs = False
         self._pool = _Gang(threads) if threads > 1 else None
+        # envs with astep/areset: awaited together on this loop (made on first use)
+        self._async = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         # step/reset may also arrive over a channel (its own thread): one call at a time
         self._lock = threading.RLock()
         self._channel: Any = None
@@ -177,6 +207,7 @@ class SubEnvHost:
         else:
             obs_space, act_space = env.observation_space, env.action_space
         self._box_obs = isinstance(obs_space, gym.spaces.Box)
+        self._async = not self._multi_agent and has_async_api(env)
         self._info = {
             "num_envs": len(self._slots),
             "observation_space": obs_space,
@@ -184,6 +215,7 @@ class SubEnvHost:
             "metadata": dict(getattr(env, "metadata", {}) or {}),
             "render_mode": getattr(env, "render_mode", None),
             "multi_agent": self._multi_agent,
+            "async_steps": self._async,
             "pid": os.getpid(),
         }
         return {**self._info, "failures": failures}
@@ -322,33 +354,59 @@ class SubEnvHost:
                 slot.env = None
         if self._pool is not None:
             self._pool.close()
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
 
     # --------------------------------------------------------------- internals
-    def _map(self, fn: Callable[[int, Any], Any], a: Sequence[int], b: Sequence[Any]) -> list[Any]:
-        if self._pool is None or len(a) == 1:
-            return [fn(x, y) for x, y in zip(a, b, strict=True)]
-        return self._pool.map(fn, a, b)
+    def _map(
+        self,
+        fn: Callable[[int, Any], Coroutine[Any, Any, Any]],
+        a: Sequence[int],
+        b: Sequence[Any],
+    ) -> list[Any]:
+        """``fn`` over pairs: awaited together (async envs), on the gang, or in turn."""
+        if self._async:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
 
-    def _do_reset(self, slot: _Slot, seed: int | None, options: dict[str, Any] | None) -> Any:
+            async def gather() -> list[Any]:
+                return list(await asyncio.gather(*(fn(x, y) for x, y in zip(a, b, strict=True))))
+
+            return self._loop.run_until_complete(gather())
+        if self._pool is None or len(a) == 1:
+            return [_run_sync(fn(x, y)) for x, y in zip(a, b, strict=True)]
+        return self._pool.map(lambda x, y: _run_sync(fn(x, y)), a, b)
+
+    async def _env_reset(self, env: Any, seed: int | None, options: dict[str, Any] | None) -> Any:
+        if self._multi_agent:
+            return multi_agent.reset(env, seed, options)
+        if self._async:
+            return await env.areset(seed=seed, options=options)
+        return env.reset(seed=seed, options=options)
+
+    async def _env_step(self, env: Any, action: Any) -> Any:
+        if self._async:
+            return await env.astep(action)
+        return env.step(action)
+
+    async def _do_reset(self, slot: _Slot, seed: int | None, options: dict[str, Any] | None) -> Any:
         if seed is None and slot.fresh and slot.seed is not None:
             # first reset after a restart: keep the run reproducible
             seed = restart_seed(slot.seed, slot.restarts)
         elif seed is not None:
             slot.seed = seed
-        if self._multi_agent:
-            obs, info = multi_agent.reset(slot.env, seed, options)
-        else:
-            obs, info = slot.env.reset(seed=seed, options=options)
+        obs, info = await self._env_reset(slot.env, seed, options)
         slot.needs_reset = False
         slot.fresh = False
         slot.last_obs = obs
         return obs, info
 
-    def _reset_one(self, slot: _Slot, seed: int | None, options: dict[str, Any] | None) -> Any:
+    async def _reset_one(self, slot: _Slot, seed: int | None, options: dict[str, Any] | None) -> Any:
         failure = None
         while True:
             try:
-                obs, info = self._do_reset(slot, seed, options)
+                obs, info = await self._do_reset(slot, seed, options)
                 # consecutive_failures is cleared by a good step, not by a reset: an env
                 # that resets fine but always fails its first step is still a crash loop
                 if failure is not None:
@@ -360,9 +418,9 @@ class SubEnvHost:
                     return slot.last_obs, 0.0, False, False, {"error": failure.message}, failure
                 seed = None
 
-    def _step_one(self, slot: _Slot, action: Any) -> Any:
+    async def _step_one(self, slot: _Slot, action: Any) -> Any:
         if slot.needs_reset and self._mode is AutoresetMode.NEXT_STEP:
-            obs, _, _, _, info, failure = self._reset_one(slot, None, None)
+            obs, _, _, _, info, failure = await self._reset_one(slot, None, None)
             if self._multi_agent:
                 agents = multi_agent.agent_ids(obs)
                 flags = {**{a: False for a in agents}, multi_agent.ALL: False}
@@ -373,10 +431,10 @@ class SubEnvHost:
                 obs, rew, term, trunc, info = multi_agent.step(slot.env, action)
                 done = multi_agent.episode_over(slot.env, term, trunc)
             else:
-                obs, rew, term, trunc, info = slot.env.step(action)
+                obs, rew, term, trunc, info = await self._env_step(slot.env, action)
                 done = bool(term or trunc)
         except Exception as exc:
-            return self._failed_step(slot, exc)
+            return await self._failed_step(slot, exc)
         slot.consecutive_failures = 0
         slot.last_obs = obs
         if done:
@@ -384,15 +442,15 @@ class SubEnvHost:
                 slot.needs_reset = True
             elif self._mode is AutoresetMode.SAME_STEP:
                 final = {"final_obs": obs, "final_info": info}
-                obs, info, failure = self._same_step_reset(slot)
+                obs, info, failure = await self._same_step_reset(slot)
                 return obs, rew, term, trunc, {**final, **info}, failure
         return obs, rew, term, trunc, info, None
 
-    def _same_step_reset(self, slot: _Slot) -> Any:
-        obs, _, _, _, info, failure = self._reset_one(slot, None, None)
+    async def _same_step_reset(self, slot: _Slot) -> Any:
+        obs, _, _, _, info, failure = await self._reset_one(slot, None, None)
         return obs, info, failure
 
-    def _failed_step(self, slot: _Slot, exc: BaseException) -> Any:
+    async def _failed_step(self, slot: _Slot, exc: BaseException) -> Any:
         """A failed step ends the episode: truncated, with the error in info."""
         failure = self._restart_slot(slot, "exception", exc)
         info: dict[str, Any] = {"error": failure.message}
@@ -405,7 +463,7 @@ class SubEnvHost:
         obs = slot.last_obs
         if failure.restarted and self._mode is AutoresetMode.SAME_STEP:
             final = {"final_obs": obs, "final_info": dict(info)}
-            obs, reset_info, again = self._same_step_reset(slot)
+            obs, reset_info, again = await self._same_step_reset(slot)
             info = {**final, **reset_info, "error": failure.message}
             if again is not None:
                 failure = again

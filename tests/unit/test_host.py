@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import gymnasium as gym
@@ -71,6 +72,88 @@ def test_threads_step_envs_concurrently(threads: int) -> None:
             break
         assert not b.failures
     host.close()
+
+
+class _AsyncCartPole(gym.Wrapper):
+    """CartPole with astep/areset; counts how many asteps are in flight at once."""
+
+    in_flight = 0
+    most_in_flight = 0
+
+    def __init__(self, env: gym.Env, fail_at: int = 0) -> None:
+        super().__init__(env)
+        self.fail_at = fail_at
+        self.n = 0
+
+    async def astep(self, action):  # type: ignore[no-untyped-def]
+        self.n += 1
+        if self.n == self.fail_at:
+            raise RuntimeError(f"async boom at step {self.fail_at}")
+        cls = type(self)
+        cls.in_flight += 1
+        cls.most_in_flight = max(cls.most_in_flight, cls.in_flight)
+        await asyncio.sleep(0.002)
+        cls.in_flight -= 1
+        return self.env.step(action)
+
+    async def areset(self, *, seed=None, options=None):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0)
+        return self.env.reset(seed=seed, options=options)
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_async_envs_are_awaited_together_and_match_sync_vector_env(mode: AutoresetMode) -> None:
+    k = 4
+    _AsyncCartPole.most_in_flight = 0
+    host = SubEnvHost([lambda: _AsyncCartPole(gym.make("CartPole-v1"))] * k,
+                      autoreset_mode=mode.value)
+    assert host.start()["async_steps"] is True
+    sync = SyncVectorEnv(_fns(k), autoreset_mode=mode)
+    sobs, _ = sync.reset(seed=3)
+    np.testing.assert_array_equal(host.reset(range(k), [3 + i for i in range(k)], None).obs, sobs)
+    rng = np.random.default_rng(1)
+    ends = 0
+    for _ in range(200):
+        actions = rng.integers(0, 2, size=k)
+        sobs, srew, sterm, strunc, _ = sync.step(actions)
+        b = host.step(range(k), list(actions))
+        assert not b.failures
+        np.testing.assert_array_equal(b.obs, sobs)
+        np.testing.assert_array_equal(b.rewards, srew)
+        np.testing.assert_array_equal(b.terminations | b.truncations, sterm | strunc)
+        ends += int(sterm.sum() + strunc.sum())
+    assert ends > 3
+    assert _AsyncCartPole.most_in_flight == k  # awaited together, not one after another
+    host.close()
+
+
+def test_failing_async_env_restarts_alone() -> None:
+    fns = [lambda: _AsyncCartPole(gym.make("CartPole-v1")),
+           lambda: _AsyncCartPole(gym.make("CartPole-v1"), fail_at=3)]
+    host = SubEnvHost(fns, restart_failed=True)
+    host.start()
+    host.reset([0, 1], [1, 2], None)
+    for step in range(1, 6):
+        b = host.step([0, 1], [1, 1])
+        if step == 3:
+            [failure] = b.failures
+            assert failure.index == 1 and failure.restarted
+            assert "async boom at step 3" in b.infos[1]["error"] and b.truncations[1]
+        else:
+            assert not b.failures
+    assert host.restart_counts() == [0, 1]
+    host.close()
+
+
+def test_env_with_only_one_async_method_is_stepped_synchronously() -> None:
+    class HalfAsync(gym.Wrapper):
+        async def astep(self, action):  # type: ignore[no-untyped-def]
+            raise AssertionError("astep must not be used without areset")
+
+    host = SubEnvHost([lambda: HalfAsync(gym.make("CartPole-v1"))])
+    assert host.start()["async_steps"] is False
+    host.reset([0], [0], None)
+    assert not host.step([0], [1]).failures
 
 
 def test_a_thread_share_raising_outside_env_handling_reaches_the_caller() -> None:

@@ -378,25 +378,18 @@ class SubEnvHost:
             return [_run_sync(fn(x, y)) for x, y in zip(a, b, strict=True)]
         return self._pool.map(lambda x, y: _run_sync(fn(x, y)), a, b)
 
-    async def _env_reset(self, env: Any, seed: int | None, options: dict[str, Any] | None) -> Any:
-        if self._multi_agent:
-            return multi_agent.reset(env, seed, options)
-        if self._async:
-            return await env.areset(seed=seed, options=options)
-        return env.reset(seed=seed, options=options)
-
-    async def _env_step(self, env: Any, action: Any) -> Any:
-        if self._async:
-            return await env.astep(action)
-        return env.step(action)
-
     async def _do_reset(self, slot: _Slot, seed: int | None, options: dict[str, Any] | None) -> Any:
         if seed is None and slot.fresh and slot.seed is not None:
             # first reset after a restart: keep the run reproducible
             seed = restart_seed(slot.seed, slot.restarts)
         elif seed is not None:
             slot.seed = seed
-        obs, info = await self._env_reset(slot.env, seed, options)
+        if self._multi_agent:
+            obs, info = multi_agent.reset(slot.env, seed, options)
+        elif self._async:
+            obs, info = await slot.env.areset(seed=seed, options=options)
+        else:
+            obs, info = slot.env.reset(seed=seed, options=options)
         slot.needs_reset = False
         slot.fresh = False
         slot.last_obs = obs
@@ -431,7 +424,11 @@ class SubEnvHost:
                 obs, rew, term, trunc, info = multi_agent.step(slot.env, action)
                 done = multi_agent.episode_over(slot.env, term, trunc)
             else:
-                obs, rew, term, trunc, info = await self._env_step(slot.env, action)
+                # inline, not a helper coroutine: ~1 us per step on the sync path
+                if self._async:
+                    obs, rew, term, trunc, info = await slot.env.astep(action)
+                else:
+                    obs, rew, term, trunc, info = slot.env.step(action)
                 done = bool(term or trunc)
         except Exception as exc:
             return await self._failed_step(slot, exc)

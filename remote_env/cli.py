@@ -92,11 +92,15 @@ def _open_envs(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
         restart_failed_sub_environments=not args.no_restart,
         step_timeout_s=args.step_timeout,
         max_restarts=args.max_restarts,
+        threads_per_actor=args.threads_per_actor,
+        transport=args.transport,
         metrics=metrics,
     )
     cleanup.callback(envs.close)
-    print(f"{envs.num_envs} x {args.entrypoint or args.env} in {len(envs.actors)} actors "
-          f"ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    how = "awaiting astep" if envs.async_steps else (
+        f"{args.threads_per_actor} threads each" if args.threads_per_actor > 1 else "")
+    print(f"{envs.num_envs} x {args.entrypoint or args.env} in {len(envs.actors)} actors"
+          f"{f' ({how})' if how else ''} ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
     return envs
 
 
@@ -192,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-envs", type=int, default=16, help="sub-envs in the pool (default %(default)s)")
     p.add_argument("--envs-per-actor", type=int, default=8,
                    help="sub-envs per Ray actor; one call steps them all (default %(default)s)")
+    p.add_argument("--threads-per-actor", type=int, default=1,
+                   help="threads stepping each actor's envs, for envs that block on I/O "
+                   "(envs with async astep/areset need none) (default %(default)s)")
+    p.add_argument("--transport", choices=("auto", "ray"), default="auto",
+                   help="auto: Unix socket to actors on this node, Ray calls to others; "
+                   "ray: Ray calls only (default %(default)s)")
     p.add_argument("--batch-wait-ms", type=float, default=2.0,
                    help="how long recv() waits for more ready envs (default %(default)s)")
     p.add_argument("--seconds", type=float, default=30.0, help="how long to run (Ctrl-C stops early)")
@@ -225,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.cmd == "run":
-        for name in ("num_envs", "envs_per_actor"):
+        for name in ("num_envs", "envs_per_actor", "threads_per_actor"):
             if getattr(args, name) < 1:
                 parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
         if args.seconds <= 0:

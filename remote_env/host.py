@@ -164,9 +164,11 @@ class SubEnvHost:
         self._multi_agent = False
         self._box_obs = False
         self._pool = _Gang(threads) if threads > 1 else None
-        # envs with astep/areset: awaited together on this loop (made on first use)
+        # envs with astep/areset: awaited together on this loop, run by a thread of its
+        # own (made on first use): the thread of a Ray actor call may already run one
         self._async = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
         # step/reset may also arrive over a channel (its own thread): one call at a time
         self._lock = threading.RLock()
         self._channel: Any = None
@@ -354,9 +356,12 @@ class SubEnvHost:
                 slot.env = None
         if self._pool is not None:
             self._pool.close()
-        if self._loop is not None:
-            self._loop.close()
-            self._loop = None
+        if self._loop is not None and self._loop_thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(timeout=10)
+            if not self._loop_thread.is_alive():
+                self._loop.close()
+            self._loop = self._loop_thread = None
 
     # --------------------------------------------------------------- internals
     def _map(
@@ -369,11 +374,14 @@ class SubEnvHost:
         if self._async:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
+                self._loop_thread = threading.Thread(target=self._loop.run_forever,
+                                                     name="subenv-asyncio", daemon=True)
+                self._loop_thread.start()
 
             async def gather() -> list[Any]:
                 return list(await asyncio.gather(*(fn(x, y) for x, y in zip(a, b, strict=True))))
 
-            return self._loop.run_until_complete(gather())
+            return asyncio.run_coroutine_threadsafe(gather(), self._loop).result()
         if self._pool is None or len(a) == 1:
             return [_run_sync(fn(x, y)) for x, y in zip(a, b, strict=True)]
         return self._pool.map(lambda x, y: _run_sync(fn(x, y)), a, b)

@@ -113,7 +113,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         start_timeout_s: extra time a replacement actor gets to start (its env
             constructors may boot a simulator) before its first call counts as hung.
         threads_per_actor: step an actor's sub-envs on this many threads (for envs
-            that wait on I/O or release the GIL).
+            that wait on I/O or release the GIL). Envs with ``async def astep`` and
+            ``areset`` need none: they are awaited together on one event loop per
+            actor (``async_steps`` says whether they were).
         transport: how step/reset reach the actors. ``"auto"`` (default): over a
             Unix socket for actors on the driver's node (~0.2 ms a round trip instead
             of a Ray call's ~1-2 ms), Ray calls for actors on other nodes. ``"ray"``:
@@ -233,6 +235,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             raise
 
         self.multi_agent = bool(info["multi_agent"])
+        # the sub-envs have astep/areset and the actors await them (see host.py)
+        self.async_steps = bool(info.get("async_steps", False))
         self.single_observation_space = info["observation_space"]
         self.single_action_space = info["action_space"]
         if self.multi_agent:

@@ -37,6 +37,20 @@ def test_run_with_a_flaky_entrypoint_restarts_and_counts() -> None:
     assert m and int(m.group(1)) == int(m.group(2)) > 0, out.stdout
 
 
+def test_run_awaits_async_envs_and_threads_blocking_ones() -> None:
+    out = _run("run", "--entrypoint", "remote_env.examples:make_async_slow_cartpole",
+               "--num-envs", "4", "--envs-per-actor", "4", "--seconds", "2")
+    assert out.returncode == 0, out.stderr
+    assert "4 x remote_env.examples:make_async_slow_cartpole in 1 actors (awaiting astep)" \
+        in out.stderr
+    out = _run("run", "--entrypoint", "remote_env.examples:make_slow_cartpole",
+               "--num-envs", "4", "--envs-per-actor", "4", "--threads-per-actor", "4",
+               "--transport", "ray", "--seconds", "2")
+    assert out.returncode == 0, out.stderr
+    assert "in 1 actors (4 threads each)" in out.stderr
+    assert re.search(r"done: \d+ steps", out.stdout), out.stdout
+
+
 def test_run_pool_file_runs_the_pool_server_and_a_trainer() -> None:
     out = _run("run", "-f", "manifests/examples/cartpole.yaml", "--seconds", "3")
     assert out.returncode == 0, out.stderr
@@ -47,6 +61,8 @@ def test_run_pool_file_runs_the_pool_server_and_a_trainer() -> None:
 def test_bad_input_is_a_usage_error() -> None:
     for args, msg in [
         (["--num-envs", "0"], "--num-envs must be >= 1, got 0"),
+        (["--threads-per-actor", "0"], "--threads-per-actor must be >= 1, got 0"),
+        (["--transport", "socket"], "invalid choice: 'socket'"),
         (["--env", "NoSuchEnv-v9"], "NoSuchEnv"),
         (["--entrypoint", "no_colon"], "entrypoint must look like 'package.module:callable'"),
         (["--entrypoint", "remote_env.examples:nope"], "has no callable 'nope'"),

@@ -97,6 +97,31 @@ def test_matches_sync_vector_env_step_by_step(
         sync.close()
 
 
+@pytest.mark.parametrize("transport", ["auto", "ray"])
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_async_envs_are_awaited_and_match_sync_vector_env(mode: AutoresetMode,
+                                                          transport: str) -> None:
+    n = 5
+    fn = functools.partial(examples.make_async_slow_cartpole, 0.5)
+    sync = SyncVectorEnv([fn] * n, autoreset_mode=mode)  # gymnasium calls the blocking step
+    remote = RemoteVectorEnv([fn] * n, envs_per_actor=3, autoreset_mode=mode,
+                             transport=transport)
+    try:
+        assert remote.async_steps
+        assert_tree_equal(remote.reset(seed=4), sync.reset(seed=4))
+        sync.action_space.seed(4)
+        ends = 0
+        for t in range(150):
+            actions = sync.action_space.sample()
+            s = sync.step(actions)
+            assert_tree_equal(remote.step(actions), s, f"step {t}")
+            ends += int((s[2] | s[3]).sum())
+        assert ends >= 3
+    finally:
+        remote.close()
+        sync.close()
+
+
 def test_step_async_and_state_errors() -> None:
     envs = RemoteVectorEnv(_fns("CartPole-v1", 4), envs_per_actor=2)
     envs.reset(seed=0)

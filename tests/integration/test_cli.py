@@ -41,13 +41,13 @@ def test_run_awaits_async_envs_and_threads_blocking_ones() -> None:
     out = _run("run", "--entrypoint", "remote_env.examples:make_async_slow_cartpole",
                "--num-envs", "4", "--envs-per-actor", "4", "--seconds", "2")
     assert out.returncode == 0, out.stderr
-    assert "4 x remote_env.examples:make_async_slow_cartpole in 1 actors (awaiting astep)" \
+    assert "4 x remote_env.examples:make_async_slow_cartpole in 1 actor (awaiting astep)" \
         in out.stderr
     out = _run("run", "--entrypoint", "remote_env.examples:make_slow_cartpole",
                "--num-envs", "4", "--envs-per-actor", "4", "--threads-per-actor", "4",
                "--transport", "ray", "--seconds", "2")
     assert out.returncode == 0, out.stderr
-    assert "in 1 actors (4 threads each)" in out.stderr
+    assert "in 1 actor (4 threads each)" in out.stderr
     assert re.search(r"done: \d+ steps", out.stdout), out.stdout
 
 

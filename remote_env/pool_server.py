@@ -582,6 +582,7 @@ class PoolServer:
         options.update(self._actor_options)
         kwargs: dict[str, Any] = {
             "autoreset_mode": spec.autoreset_mode,
+            "threads": spec.threads_per_actor,
             "restart_failed": ft.restart_failed_envs,
             "max_restarts": ft.max_restarts,
             "restart_backoff_s": ft.restart_backoff_seconds,

@@ -37,8 +37,8 @@ _NAME_RE: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _IDENT: Final = r"[A-Za-z_][A-Za-z0-9_]*"
 _ENTRYPOINT_RE: Final = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
 _SPEC_FIELDS: Final = (
-    "env", "replicas", "envsPerActor", "batchWaitMs", "autoresetMode", "faultTolerance",
-    "ray", "metrics", "suspend",
+    "env", "replicas", "envsPerActor", "threadsPerActor", "batchWaitMs", "autoresetMode",
+    "faultTolerance", "ray", "metrics", "suspend",
 )
 _RAY_FIELDS: Final = ("version", "image", "head", "worker", "runtimeEnv")
 _FT_FIELDS: Final = ("restartFailedEnvs", "stepTimeoutSeconds", "maxRestarts",
@@ -84,6 +84,7 @@ class PoolSpec:
     env: EnvSpec
     replicas: int
     envs_per_actor: int
+    threads_per_actor: int
     batch_wait_ms: int
     autoreset_mode: str  # NextStep, SameStep, Disabled (= gymnasium AutoresetMode values)
     fault_tolerance: FaultTolerance
@@ -110,6 +111,7 @@ class PoolSpec:
             "env": {"id": self.env.id, "entrypoint": self.env.entrypoint,
                     "kwargs": dict(self.env.kwargs), "multiAgent": self.env.multi_agent},
             "autoresetMode": self.autoreset_mode,
+            "threadsPerActor": self.threads_per_actor,
             "restartFailedEnvs": ft.restart_failed_envs,
             "maxRestarts": ft.max_restarts,
             "restartBackoffSeconds": ft.restart_backoff_seconds,
@@ -296,6 +298,7 @@ def parse_spec(spec: Mapping[str, Any], *, name: str, namespace: str = "default"
         env=env,
         replicas=replicas,
         envs_per_actor=envs_per_actor,
+        threads_per_actor=c.integer(spec, "threadsPerActor", "spec", 1, 1, 1024),
         batch_wait_ms=c.integer(spec, "batchWaitMs", "spec", 2, 0, 60_000),
         autoreset_mode=str(autoreset),
         fault_tolerance=ft,

@@ -144,6 +144,7 @@ class PoolSpec:
     env: EnvSpec
     replicas: int
     envs_per_actor: int
+    threads_per_actor: int
     batch_wait_ms: int
     autoreset_mode: str
     fault_tolerance: FaultTolerance
@@ -183,6 +184,7 @@ class PoolSpec:
             "env": env,
             "replicas": self.replicas,
             "envsPerActor": self.envs_per_actor,
+            "threadsPerActor": self.threads_per_actor,
             "batchWaitMs": self.batch_wait_ms,
             "autoresetMode": self.autoreset_mode,
             "faultTolerance": {
@@ -406,8 +408,8 @@ def _parse_ray(c: _Checker, raw: Any) -> RaySpec:
 
 
 _SPEC_FIELDS: Final = (
-    "env", "replicas", "envsPerActor", "batchWaitMs", "autoresetMode", "faultTolerance",
-    "ray", "metrics", "suspend",
+    "env", "replicas", "envsPerActor", "threadsPerActor", "batchWaitMs", "autoresetMode",
+    "faultTolerance", "ray", "metrics", "suspend",
 )
 
 
@@ -481,6 +483,7 @@ def parse_spec(
         env=env,
         replicas=replicas,
         envs_per_actor=envs_per_actor,
+        threads_per_actor=c.integer(spec, "threadsPerActor", "spec", 1, 1, 1024),
         batch_wait_ms=c.integer(spec, "batchWaitMs", "spec", 2, 0, 60_000),
         autoreset_mode=autoreset,
         fault_tolerance=ft,

@@ -7,6 +7,7 @@ count how many envs were really created across processes and nodes.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from typing import Any
 
@@ -18,12 +19,14 @@ class CountingCartPole(gym.Wrapper[Any, Any, Any, Any]):
         super().__init__(gym.make("CartPole-v1"))
         self.instance = uuid.uuid4().hex
         self.steps = 0
+        self.step_thread = 0
         # one short O_APPEND write per line: atomic across processes
         with open(counter_file, "a") as f:
             f.write(f"{os.getpid()} {self.instance}\n")
 
     def step(self, action: Any) -> Any:
         self.steps += 1
+        self.step_thread = threading.get_ident()
         return self.env.step(action)
 
 

@@ -155,6 +155,26 @@ def test_second_trainer_attaches_to_the_same_warm_envs(cluster: Cluster, tmp_pat
         _destroy(server)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_per_actor_reaches_the_pools_actors(cluster: Cluster, tmp_path: Path,
+                                                    threads: int) -> None:
+    server = _server(_spec(f"threads{threads}", tmp_path / "constructed", replicas=2,
+                           per_actor=2, threadsPerActor=threads))
+    try:
+        server.wait_ready(60)
+        envs = attach(f"threads{threads}")
+        try:
+            assert len(envs.actors) == 1
+            envs.reset(seed=0)
+            envs.step(np.zeros(2, dtype=np.int64))
+            # both envs live in one actor: with 2 threads each steps on its own
+            assert len(set(envs.get_attr("step_thread"))) == threads
+        finally:
+            envs.close()
+    finally:
+        _destroy(server)
+
+
 def test_leases_are_disjoint_expire_with_their_trainer_and_show_over_http(
     cluster: Cluster, tmp_path: Path
 ) -> None:

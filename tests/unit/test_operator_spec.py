@@ -18,6 +18,7 @@ def _spec(**over: Any) -> dict[str, Any]:
 def test_minimal_spec_gets_defaults() -> None:
     pool = spec.parse_spec(_spec(), name="cp", namespace="ns")
     assert pool.envs_per_actor == 8
+    assert pool.threads_per_actor == 1
     assert pool.batch_wait_ms == 2
     assert pool.autoreset_mode == "NextStep"
     assert pool.fault_tolerance == spec.FaultTolerance()
@@ -87,6 +88,7 @@ def _errors(raw: dict[str, Any], name: str = "cp", **kw: Any) -> list[str]:
         (_spec(replicas=4, envsPerActor=8), "must be <= replicas=4"),
         (_spec(replicas=200, envsPerActor=100), "must be <= ray.worker.envsPerWorker=64"),
         (_spec(batchWaitMs=-1), "spec.batchWaitMs"),
+        (_spec(threadsPerActor=0), "spec.threadsPerActor: must be in [1, 1024], got 0"),
         (_spec(autoresetMode="Sometimes"), "expected one of NextStep, SameStep, Disabled"),
         (_spec(metrics={"port": 6379}), "taken by the Ray head"),
         (_spec(metrics={"port": 80}), "must be in [1024, 65535]"),
@@ -159,10 +161,11 @@ def test_to_manifest_round_trips() -> None:
         env={"entrypoint": "remote_env.examples:rps_parallel_env", "kwargs": {"n": 3},
              "multiAgent": True},
         envsPerActor=4,
+        threadsPerActor=4,
         ray={"runtimeEnv": {"env_vars": {"A": "1"}},
              "worker": {"tolerations": [{"key": "k", "operator": "Exists"}]}},
     )
     pool = spec.parse_spec(raw, name="cp")
     again = spec.parse_spec(pool.to_manifest(), name="cp")
-    assert again == pool
+    assert again == pool and again.threads_per_actor == 4
     assert "id" not in pool.to_manifest()["env"]

@@ -63,6 +63,7 @@ def test_defaults_and_derived_values() -> None:
     assert pool.namespace == "rl" and pool.ray_namespace == "envpool-cp"
     assert pool.envs_per_actor == 4  # min(8, replicas)
     assert pool.autoreset_mode == "NextStep" and pool.batch_wait_ms == 2
+    assert pool.threads_per_actor == 1
     assert pool.fault_tolerance == pool_spec.FaultTolerance(True, 60.0, 100, 1.0)
     assert pool.desired_envs == 4
     assert pool_spec.parse_manifest(_doc(suspend=True)).desired_envs == 0
@@ -77,7 +78,7 @@ def test_every_problem_is_reported_with_its_field() -> None:
         pool_spec.parse_manifest(_doc(
             env={"id": "CartPole-v1", "entrypoint": "a.b:c"}, replicas=0, envsPerActor=2000,
             autoresetMode="Sometimes", faultTolerance={"maxRestarts": -1, "retries": 3},
-            metrics={"port": 6379}, colour="blue",
+            metrics={"port": 6379}, colour="blue", threadsPerActor=2000,
         ))
     text = "\n".join(err.value.errors)
     for expected in (
@@ -86,6 +87,7 @@ def test_every_problem_is_reported_with_its_field() -> None:
         "got both",
         "spec.replicas: must be in [1, 100000], got 0",
         "spec.envsPerActor: must be in [1, 1024], got 2000",
+        "spec.threadsPerActor: must be in [1, 1024], got 2000",
         "spec.autoresetMode: expected one of NextStep, SameStep, Disabled, got 'Sometimes'",
         "spec.faultTolerance.maxRestarts: must be in [0, 1000000], got -1",
         "spec.faultTolerance.retries: unknown field",
@@ -157,3 +159,5 @@ def test_host_signature_changes_only_with_what_actors_are_built_from() -> None:
         _doc(env={"id": "Pendulum-v1"})).host_signature()
     assert base.host_signature() != pool_spec.parse_manifest(
         _doc(autoresetMode="SameStep")).host_signature()
+    assert base.host_signature() != pool_spec.parse_manifest(
+        _doc(threadsPerActor=4)).host_signature()

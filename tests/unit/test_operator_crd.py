@@ -146,5 +146,6 @@ def test_example_specifics() -> None:
     assert (cp.env.id, cp.replicas, cp.envs_per_actor) == ("CartPole-v1", 16, 8)
     assert load("pendulum").env.id == "Pendulum-v1"
     assert load("multi-agent").env.multi_agent is True
-    assert load("entrypoint-runtime-env").ray.runtime_env["env_vars"]
+    slow = load("entrypoint-runtime-env")
+    assert slow.ray.runtime_env["env_vars"] and slow.threads_per_actor == slow.envs_per_actor == 4
     assert load("suspended").suspend is True

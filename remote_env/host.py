@@ -313,14 +313,14 @@ class SubEnvHost:
         """Reset the slots at ``positions`` (host-local)."""
         with self._lock:
             results = self._map(
-                lambda p, s: self._reset_one(self._slots[p], s, options), positions, seeds
+                lambda p, s: _reset_one(self, self._slots[p], s, options), positions, seeds
             )
             return self._pack(positions, results, is_reset=True)
 
     def step(self, positions: Sequence[int], actions: Sequence[Any]) -> Batch:
         """Step (or autoreset) the slots at ``positions`` with ``actions``."""
         with self._lock:
-            results = self._map(lambda p, a: self._step_one(self._slots[p], a), positions,
+            results = self._map(lambda p, a: _step_one(self, self._slots[p], a), positions,
                                 actions)
             return self._pack(positions, results, is_reset=False)
 
@@ -386,96 +386,6 @@ class SubEnvHost:
             return [_run_sync(fn(x, y)) for x, y in zip(a, b, strict=True)]
         return self._pool.map(lambda x, y: _run_sync(fn(x, y)), a, b)
 
-    async def _do_reset(self, slot: _Slot, seed: int | None, options: dict[str, Any] | None) -> Any:
-        if seed is None and slot.fresh and slot.seed is not None:
-            # first reset after a restart: keep the run reproducible
-            seed = restart_seed(slot.seed, slot.restarts)
-        elif seed is not None:
-            slot.seed = seed
-        if self._multi_agent:
-            obs, info = multi_agent.reset(slot.env, seed, options)
-        elif self._async:
-            obs, info = await slot.env.areset(seed=seed, options=options)
-        else:
-            obs, info = slot.env.reset(seed=seed, options=options)
-        slot.needs_reset = False
-        slot.fresh = False
-        slot.last_obs = obs
-        return obs, info
-
-    async def _reset_one(self, slot: _Slot, seed: int | None, options: dict[str, Any] | None) -> Any:
-        failure = None
-        while True:
-            try:
-                obs, info = await self._do_reset(slot, seed, options)
-                # consecutive_failures is cleared by a good step, not by a reset: an env
-                # that resets fine but always fails its first step is still a crash loop
-                if failure is not None:
-                    info = {**info, "error": failure.message}
-                return obs, 0.0, False, False, info, failure
-            except Exception as exc:
-                failure = self._restart_slot(slot, "exception", exc)
-                if failure.permanent:
-                    return slot.last_obs, 0.0, False, False, {"error": failure.message}, failure
-                seed = None
-
-    async def _step_one(self, slot: _Slot, action: Any) -> Any:
-        if slot.needs_reset and self._mode is AutoresetMode.NEXT_STEP:
-            obs, _, _, _, info, failure = await self._reset_one(slot, None, None)
-            if self._multi_agent:
-                agents = multi_agent.agent_ids(obs)
-                flags = {**{a: False for a in agents}, multi_agent.ALL: False}
-                return obs, {a: 0.0 for a in agents}, flags, dict(flags), info, failure
-            return obs, 0.0, False, False, info, failure
-        try:
-            if self._multi_agent:
-                obs, rew, term, trunc, info = multi_agent.step(slot.env, action)
-                done = multi_agent.episode_over(slot.env, term, trunc)
-            else:
-                # inline, not a helper coroutine: ~1 us per step on the sync path
-                if self._async:
-                    obs, rew, term, trunc, info = await slot.env.astep(action)
-                else:
-                    obs, rew, term, trunc, info = slot.env.step(action)
-                done = bool(term or trunc)
-        except Exception as exc:
-            return await self._failed_step(slot, exc)
-        slot.consecutive_failures = 0
-        slot.last_obs = obs
-        if done:
-            if self._mode is AutoresetMode.NEXT_STEP:
-                slot.needs_reset = True
-            elif self._mode is AutoresetMode.SAME_STEP:
-                final = {"final_obs": obs, "final_info": info}
-                obs, info, failure = await self._same_step_reset(slot)
-                return obs, rew, term, trunc, {**final, **info}, failure
-        return obs, rew, term, trunc, info, None
-
-    async def _same_step_reset(self, slot: _Slot) -> Any:
-        obs, _, _, _, info, failure = await self._reset_one(slot, None, None)
-        return obs, info, failure
-
-    async def _failed_step(self, slot: _Slot, exc: BaseException) -> Any:
-        """A failed step ends the episode: truncated, with the error in info."""
-        failure = self._restart_slot(slot, "exception", exc)
-        info: dict[str, Any] = {"error": failure.message}
-        term: Any = False
-        trunc: Any = True
-        rew: Any = 0.0
-        if self._multi_agent:
-            agents = multi_agent.agent_ids(slot.last_obs)
-            term, trunc, rew = multi_agent.ended_dicts(agents)
-        obs = slot.last_obs
-        if failure.restarted and self._mode is AutoresetMode.SAME_STEP:
-            final = {"final_obs": obs, "final_info": dict(info)}
-            obs, reset_info, again = await self._same_step_reset(slot)
-            info = {**final, **reset_info, "error": failure.message}
-            if again is not None:
-                failure = again
-        elif not failure.permanent and self._mode is AutoresetMode.DISABLED:
-            slot.needs_reset = True
-        return obs, rew, term, trunc, info, failure
-
     def _pack(self, positions: Sequence[int], results: list[Any], *, is_reset: bool) -> Batch:
         obs = [r[0] for r in results]
         failures = [r[5] for r in results if r[5] is not None]
@@ -503,6 +413,111 @@ class SubEnvHost:
             failures,
             is_reset,
         )
+
+
+# ------------------------------------------------- per-env logic (coroutines)
+# Module functions, not SubEnvHost methods: Ray turns a class with any ``async def``
+# method into an asyncio actor, which does not run calls in the order they were sent
+# (a replacement actor's step() could run before its start()).
+
+
+async def _do_reset(
+    host: SubEnvHost, slot: _Slot, seed: int | None, options: dict[str, Any] | None
+) -> Any:
+    if seed is None and slot.fresh and slot.seed is not None:
+        # first reset after a restart: keep the run reproducible
+        seed = restart_seed(slot.seed, slot.restarts)
+    elif seed is not None:
+        slot.seed = seed
+    if host._multi_agent:
+        obs, info = multi_agent.reset(slot.env, seed, options)
+    elif host._async:
+        obs, info = await slot.env.areset(seed=seed, options=options)
+    else:
+        obs, info = slot.env.reset(seed=seed, options=options)
+    slot.needs_reset = False
+    slot.fresh = False
+    slot.last_obs = obs
+    return obs, info
+
+
+async def _reset_one(
+    host: SubEnvHost, slot: _Slot, seed: int | None, options: dict[str, Any] | None
+) -> Any:
+    failure = None
+    while True:
+        try:
+            obs, info = await _do_reset(host, slot, seed, options)
+            # consecutive_failures is cleared by a good step, not by a reset: an env
+            # that resets fine but always fails its first step is still a crash loop
+            if failure is not None:
+                info = {**info, "error": failure.message}
+            return obs, 0.0, False, False, info, failure
+        except Exception as exc:
+            failure = host._restart_slot(slot, "exception", exc)
+            if failure.permanent:
+                return slot.last_obs, 0.0, False, False, {"error": failure.message}, failure
+            seed = None
+
+
+async def _step_one(host: SubEnvHost, slot: _Slot, action: Any) -> Any:
+    if slot.needs_reset and host._mode is AutoresetMode.NEXT_STEP:
+        obs, _, _, _, info, failure = await _reset_one(host, slot, None, None)
+        if host._multi_agent:
+            agents = multi_agent.agent_ids(obs)
+            flags = {**{a: False for a in agents}, multi_agent.ALL: False}
+            return obs, {a: 0.0 for a in agents}, flags, dict(flags), info, failure
+        return obs, 0.0, False, False, info, failure
+    try:
+        if host._multi_agent:
+            obs, rew, term, trunc, info = multi_agent.step(slot.env, action)
+            done = multi_agent.episode_over(slot.env, term, trunc)
+        else:
+            # inline, not a helper coroutine: ~1 us per step on the sync path
+            if host._async:
+                obs, rew, term, trunc, info = await slot.env.astep(action)
+            else:
+                obs, rew, term, trunc, info = slot.env.step(action)
+            done = bool(term or trunc)
+    except Exception as exc:
+        return await _failed_step(host, slot, exc)
+    slot.consecutive_failures = 0
+    slot.last_obs = obs
+    if done:
+        if host._mode is AutoresetMode.NEXT_STEP:
+            slot.needs_reset = True
+        elif host._mode is AutoresetMode.SAME_STEP:
+            final = {"final_obs": obs, "final_info": info}
+            obs, info, failure = await _same_step_reset(host, slot)
+            return obs, rew, term, trunc, {**final, **info}, failure
+    return obs, rew, term, trunc, info, None
+
+
+async def _same_step_reset(host: SubEnvHost, slot: _Slot) -> Any:
+    obs, _, _, _, info, failure = await _reset_one(host, slot, None, None)
+    return obs, info, failure
+
+
+async def _failed_step(host: SubEnvHost, slot: _Slot, exc: BaseException) -> Any:
+    """A failed step ends the episode: truncated, with the error in info."""
+    failure = host._restart_slot(slot, "exception", exc)
+    info: dict[str, Any] = {"error": failure.message}
+    term: Any = False
+    trunc: Any = True
+    rew: Any = 0.0
+    if host._multi_agent:
+        agents = multi_agent.agent_ids(slot.last_obs)
+        term, trunc, rew = multi_agent.ended_dicts(agents)
+    obs = slot.last_obs
+    if failure.restarted and host._mode is AutoresetMode.SAME_STEP:
+        final = {"final_obs": obs, "final_info": dict(info)}
+        obs, reset_info, again = await _same_step_reset(host, slot)
+        info = {**final, **reset_info, "error": failure.message}
+        if again is not None:
+            failure = again
+    elif not failure.permanent and host._mode is AutoresetMode.DISABLED:
+        slot.needs_reset = True
+    return obs, rew, term, trunc, info, failure
 
 
 class _Gang:

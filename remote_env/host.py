@@ -165,7 +165,8 @@ class SubEnvHost:
         self._box_obs = False
         self._pool = _Gang(threads) if threads > 1 else None
         # envs with astep/areset: awaited together on this loop, run by a thread of its
-        # own (made on first use): the thread of a Ray actor call may already run one
+        # own (made on first use), so it works whichever thread (Ray's or a channel's)
+        # brings the call
         self._async = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None

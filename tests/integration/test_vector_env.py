@@ -51,6 +51,14 @@ def _fns(env_id: str, n: int) -> list[Any]:
     return [functools.partial(gym.make, env_id, **ENVS[env_id]) for _ in range(n)]
 
 
+def _step_both(remote: RemoteVectorEnv, sync: SyncVectorEnv, t: int) -> tuple[Any, ...]:
+    """One step of both with the same sampled actions; asserts equal results."""
+    actions = sync.action_space.sample()
+    s = sync.step(actions)
+    assert_tree_equal(remote.step(actions), s, f"step {t}")
+    return s
+
+
 @pytest.mark.parametrize("transport", ["auto", "ray"])
 @pytest.mark.parametrize("env_id", list(ENVS))
 @pytest.mark.parametrize(
@@ -74,10 +82,7 @@ def test_matches_sync_vector_env_step_by_step(
         sync.action_space.seed(3)
         ends = 0
         for t in range(120):
-            actions = sync.action_space.sample()
-            r = remote.step(actions)
-            s = sync.step(actions)
-            assert_tree_equal(r, s, f"step {t}")
+            s = _step_both(remote, sync, t)
             done = s[2] | s[3]
             ends += int(done.sum())
             if mode is AutoresetMode.DISABLED and done.any():
@@ -112,9 +117,7 @@ def test_async_envs_are_awaited_and_match_sync_vector_env(mode: AutoresetMode,
         sync.action_space.seed(4)
         ends = 0
         for t in range(150):
-            actions = sync.action_space.sample()
-            s = sync.step(actions)
-            assert_tree_equal(remote.step(actions), s, f"step {t}")
+            s = _step_both(remote, sync, t)
             ends += int((s[2] | s[3]).sum())
         assert ends >= 3
     finally:

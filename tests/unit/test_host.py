@@ -18,6 +18,28 @@ def _fns(n: int) -> list:
     return [lambda: gym.make("CartPole-v1") for _ in range(n)]
 
 
+def _step_against_sync(host: SubEnvHost, sync: SyncVectorEnv, mode: AutoresetMode, steps: int,
+                       seed: int) -> int:
+    """Step both with the same random actions, assert equal results; return episode ends."""
+    n = sync.num_envs
+    rng = np.random.default_rng(seed)
+    ends = 0
+    for _ in range(steps):
+        actions = rng.integers(0, 2, size=n)
+        sobs, srew, sterm, strunc, sinfo = sync.step(actions)
+        b = host.step(range(n), list(actions))
+        assert not b.failures
+        np.testing.assert_array_equal(b.obs, sobs)
+        np.testing.assert_array_equal(b.rewards, srew)
+        np.testing.assert_array_equal(b.terminations, sterm)
+        np.testing.assert_array_equal(b.truncations, strunc)
+        ends += int(sterm.sum() + strunc.sum())
+        if mode is AutoresetMode.SAME_STEP:
+            for i in np.flatnonzero(sterm | strunc):
+                np.testing.assert_array_equal(b.infos[i]["final_obs"], sinfo["final_obs"][i])
+    return ends
+
+
 @pytest.mark.parametrize("threads", [1, 2])  # 2 threads for 3 envs: uneven shares
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
 def test_host_matches_sync_vector_env(mode: AutoresetMode, threads: int) -> None:
@@ -29,21 +51,7 @@ def test_host_matches_sync_vector_env(mode: AutoresetMode, threads: int) -> None
     sobs, _ = sync.reset(seed=7)
     batch = host.reset(range(n), [7 + i for i in range(n)], None)
     np.testing.assert_array_equal(batch.obs, sobs)
-    rng = np.random.default_rng(0)
-    ends = 0
-    for _ in range(300):
-        actions = rng.integers(0, 2, size=n)
-        sobs, srew, sterm, strunc, sinfo = sync.step(actions)
-        b = host.step(range(n), list(actions))
-        np.testing.assert_array_equal(b.obs, sobs)
-        np.testing.assert_array_equal(b.rewards, srew)
-        np.testing.assert_array_equal(b.terminations, sterm)
-        np.testing.assert_array_equal(b.truncations, strunc)
-        ends += int(sterm.sum() + strunc.sum())
-        if mode is AutoresetMode.SAME_STEP:
-            for i in np.flatnonzero(sterm | strunc):
-                np.testing.assert_array_equal(b.infos[i]["final_obs"], sinfo["final_obs"][i])
-    assert ends > 3  # the comparison crossed several autoresets
+    assert _step_against_sync(host, sync, mode, 300, seed=0) > 3  # the comparison crossed several autoresets
 
 
 def test_host_class_has_no_coroutine_methods() -> None:
@@ -120,18 +128,7 @@ def test_async_envs_are_awaited_together_and_match_sync_vector_env(mode: Autores
     sync = SyncVectorEnv(_fns(k), autoreset_mode=mode)
     sobs, _ = sync.reset(seed=3)
     np.testing.assert_array_equal(host.reset(range(k), [3 + i for i in range(k)], None).obs, sobs)
-    rng = np.random.default_rng(1)
-    ends = 0
-    for _ in range(200):
-        actions = rng.integers(0, 2, size=k)
-        sobs, srew, sterm, strunc, _ = sync.step(actions)
-        b = host.step(range(k), list(actions))
-        assert not b.failures
-        np.testing.assert_array_equal(b.obs, sobs)
-        np.testing.assert_array_equal(b.rewards, srew)
-        np.testing.assert_array_equal(b.terminations | b.truncations, sterm | strunc)
-        ends += int(sterm.sum() + strunc.sum())
-    assert ends > 3
+    assert _step_against_sync(host, sync, mode, 200, seed=1) > 3
     assert _AsyncCartPole.most_in_flight == k  # awaited together, not one after another
     host.close()
 

@@ -5,8 +5,9 @@
 #   ${ENVPOOL_CLUSTER_CACHE:-$HOME/.cache/envpool-cluster}/<component>-<version>/bin/
 #
 # Components: kubernetes (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl), etcd, kwok (kwok, kwokctl), kuberay (ray-operator
-# + CRDs in crds/), helm. A component whose stamp file and binaries are present
+# kube-scheduler, kubectl), kubenode (kubelet, kube-proxy: the real node, from
+# the same k8s.io/kubernetes module and build cache), coredns, etcd, kwok (kwok,
+# kwokctl), kuberay (ray-operator + CRDs in crds/), helm. A component whose stamp file and binaries are present
 # is skipped. A component that fails is reported and the others still build;
 # the exit status is non-zero if any failed.
 #
@@ -27,7 +28,7 @@ command -v go >/dev/null || { echo "build.sh: go not found in PATH" >&2; exit 1;
 mkdir -p "$CACHE"
 
 components=("$@")
-[ ${#components[@]} -gt 0 ] || components=(etcd kwok helm kuberay kubernetes)
+[ ${#components[@]} -gt 0 ] || components=(etcd kwok helm kuberay kubernetes kubenode coredns)
 
 T0=$(date +%s)
 log() { printf '[build %4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
@@ -35,7 +36,7 @@ log() { printf '[build %4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 # comp -> version, binaries
 comp_version() {
   case $1 in
-    kubernetes) echo "$KUBE_VERSION" ;; etcd) echo "$ETCD_VERSION" ;;
+    kubernetes|kubenode) echo "$KUBE_VERSION" ;; coredns) echo "$COREDNS_VERSION" ;; etcd) echo "$ETCD_VERSION" ;;
     kwok) echo "$KWOK_VERSION" ;; kuberay) echo "$KUBERAY_VERSION" ;;
     helm) echo "$HELM_VERSION" ;; *) return 1 ;;
   esac
@@ -43,6 +44,7 @@ comp_version() {
 comp_bins() {
   case $1 in
     kubernetes) echo "kube-apiserver kube-controller-manager kube-scheduler kubectl" ;;
+    kubenode) echo "kubelet kube-proxy" ;; coredns) echo "coredns" ;;
     etcd) echo "etcd" ;; kwok) echo "kwok kwokctl" ;;
     kuberay) echo "ray-operator" ;; helm) echo "helm" ;;
   esac
@@ -68,14 +70,17 @@ gobuild() { # outdir ldflags pkg...
   fi
 }
 
-build_kubernetes() { # tmpdir
-  local t=$1 bd="-X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
-  local v=$KUBE_VERSION maj min pkgs=""
+kube_ldflags() {
+  local v=$KUBE_VERSION maj min ld="" p
   maj=$(echo "${v#v}" | cut -d. -f1); min=$(echo "${v#v}" | cut -d. -f2)
-  local ld="" p
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X $p.gitVersion=$v -X $p.gitMajor=$maj -X $p.gitMinor=$min -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
+  echo "$ld"
+}
+build_kubernetes() { # tmpdir
+  local t=$1 ld p
+  ld=$(kube_ldflags)
   cd "$HERE/go/kubernetes"
   # one binary at a time: kube-apiserver's link alone needs several GiB
   for p in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
@@ -83,6 +88,23 @@ build_kubernetes() { # tmpdir
     gobuild "$t/bin" "$ld" "k8s.io/kubernetes/cmd/$p"
   done
   "$t/bin/kubectl" version --client
+}
+build_kubenode() { # tmpdir: same module as kubernetes, so mostly its build cache
+  local t=$1 ld p
+  ld=$(kube_ldflags)
+  cd "$HERE/go/kubernetes"
+  for p in kubelet kube-proxy; do
+    log "kubenode: go build $p"
+    gobuild "$t/bin" "$ld" "k8s.io/kubernetes/cmd/$p"
+  done
+  "$t/bin/kubelet" --version
+}
+build_coredns() {
+  local t=$1
+  cd "$HERE/go/coredns"
+  gobuild "$t/bin" "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" github.com/coredns/coredns
+  [ -x "$t/bin/coredns" ] || { echo "coredns binary missing" >&2; return 1; }
+  "$t/bin/coredns" -version
 }
 build_etcd() {
   local t=$1

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from remote_env import errors, pool_registry
-from remote_env.pool_spec import EnvFactory, ray_namespace
+from remote_env.entrypoints import EnvFactory
+from remote_env.spec import ray_namespace
 from remote_env.vector import RemoteVectorEnv
 
 log = logging.getLogger(__name__)

@@ -19,28 +19,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from remote_env import errors, serve_cli
-
-
-def load_entrypoint(spec: str) -> Any:
-    """``"package.module:callable"`` -> the callable, with a clear error otherwise."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"entrypoint must look like 'package.module:callable', got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"entrypoint {spec!r}: cannot import {module_name!r}: {exc}") from exc
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"entrypoint {spec!r}: {module_name} has no callable {attr!r}")
-    return fn
+from remote_env import entrypoints, errors, serve_cli
 
 
 def _env_fn(args: argparse.Namespace) -> Any:
     kwargs = dict(args.env_kwargs)
     if args.entrypoint:
-        return functools.partial(load_entrypoint(args.entrypoint), **kwargs)
+        return functools.partial(entrypoints.resolve_entrypoint(args.entrypoint), **kwargs)
     gym.spec(args.env)  # fails now, with gymnasium's message, for an unknown id
     return functools.partial(gym.make, args.env, **kwargs)
 
@@ -107,12 +92,12 @@ def _open_envs(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
 
 def _open_pool(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
     """``-f pool.yaml``: the pool server of that EnvPool and a trainer attached to it."""
-    from remote_env import pool_spec
+    from remote_env import spec as spec_mod
     from remote_env.attach import attach
     from remote_env.metrics import PoolMetrics
     from remote_env.pool_server import PoolServer
 
-    spec = pool_spec.load(args.file)
+    spec = spec_mod.load(args.file)
     port = args.metrics_port if args.metrics_port is not None else spec.metrics_port
     server = PoolServer(spec, http_host=args.metrics_addr, http_port=port)
     cleanup.callback(server.close, destroy=True)
@@ -243,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--seconds must be > 0, got {args.seconds}")
         try:
             if args.file:
-                from remote_env import pool_spec
+                from remote_env import spec
 
-                pool_spec.load(args.file)
+                spec.load(args.file)
             else:
                 _env_fn(args)
         except (ValueError, OSError, gym.error.Error) as exc:

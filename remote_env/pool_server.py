@@ -19,9 +19,9 @@ in-process for ``envpool run``) and:
 
 Example (local Ray):
     >>> import ray
-    >>> from remote_env import pool_spec
+    >>> from remote_env import spec as spec_mod
     >>> ray.init()
-    >>> spec = pool_spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4,
+    >>> spec = spec_mod.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4,
     ...                              "envsPerActor": 2}, name="cp")
     >>> server = PoolServer(spec, http_port=0)
     >>> server.start_background()
@@ -45,17 +45,12 @@ from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
 
-from remote_env import pool_registry, pool_status
+from remote_env import entrypoints, pool_registry, pool_status
+from remote_env import spec as spec_mod
 from remote_env.metrics import PoolMetrics
-from remote_env.pool_spec import PoolSpec
 
 log = logging.getLogger(__name__)
 
-#: Ray custom resource the operator gives each worker pod (``envsPerWorker``
-#: units); when the cluster has it, an actor asks one unit per env it hosts, so
-#: actors land on workers and never on the head. Same as
-#: ``envpool_operator.builders.ENV_RESOURCE`` (remote_env must not import it).
-ENV_RESOURCE: Final = "envpool_env"
 #: Ray's marker resource of the head node.
 HEAD_RESOURCE: Final = "node:__internal_head__"
 HOST_NAME_RE: Final = re.compile(r"^host-(\d+)-g(\d+)$")
@@ -138,7 +133,7 @@ class PoolServer:
 
     def __init__(
         self,
-        spec: PoolSpec,
+        spec: spec_mod.PoolSpec,
         *,
         registry: CollectorRegistry | None = None,
         http_host: str = "127.0.0.1",
@@ -164,7 +159,7 @@ class PoolServer:
         self._actor_options = dict(actor_options or {})
         self._slots: dict[int, _Slot] = {}
         self._registry_actor: Any = None
-        self._pending_spec: PoolSpec | None = None
+        self._pending_spec: spec_mod.PoolSpec | None = None
         # specs handed to apply_spec / applied by a tick: wait_ready waits for the latest
         self._spec_asked = self._spec_applied = 0
         self._spec_lock = threading.Lock()
@@ -281,7 +276,7 @@ class PoolServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def apply_spec(self, spec: PoolSpec) -> None:
+    def apply_spec(self, spec: spec_mod.PoolSpec) -> None:
         """Take a new spec (e.g. the ConfigMap changed); applied on the next tick."""
         if spec.name != self.spec.name:
             raise ValueError(
@@ -571,13 +566,13 @@ class PoolServer:
             "max_concurrency": 1,
             "max_restarts": 0,  # restarts are ours: Ray's would come back un-started
         }
-        if spec.runtime_env:
-            options["runtime_env"] = dict(spec.runtime_env)
+        if spec.ray.runtime_env:
+            options["runtime_env"] = dict(spec.ray.runtime_env)
         if self._has_env_resource():
             # The env units are the placement; num_cpus=0 because Ray holds 1 CPU per
             # actor for its lifetime once any resource is named, which would cap a
             # worker pod at one actor per CPU instead of envsPerWorker envs.
-            options["resources"] = {ENV_RESOURCE: s.num_envs}
+            options["resources"] = {spec_mod.ENV_RESOURCE: s.num_envs}
             options["num_cpus"] = 0
         options.update(self._actor_options)
         kwargs: dict[str, Any] = {
@@ -593,7 +588,7 @@ class PoolServer:
             kwargs["restart_seeds"] = [None] * s.num_envs
             kwargs["restarts"] = [s.restarts] * s.num_envs
         host_cls = RemoteVectorEnv.host_class()
-        factory = spec.env_factory()
+        factory = entrypoints.EnvFactory.from_spec(spec.env)
         for _ in range(3):
             s.generation += 1
             try:
@@ -615,7 +610,7 @@ class PoolServer:
 
         checked, has = self._env_resource
         if time.monotonic() - checked > 5.0:
-            has = ENV_RESOURCE in ray.cluster_resources()  # type: ignore[no-untyped-call]
+            has = spec_mod.ENV_RESOURCE in ray.cluster_resources()  # type: ignore[no-untyped-call]
             self._env_resource = (time.monotonic(), has)
         return has
 
@@ -727,7 +722,7 @@ class PoolServer:
                 "leases": len(st.get("leases", []))}
 
 
-def _signature(spec: PoolSpec) -> str:
+def _signature(spec: spec_mod.PoolSpec) -> str:
     blob = json.dumps(spec.host_signature(), sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

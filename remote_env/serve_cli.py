@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remote_env import pool_spec
+from remote_env import spec as spec_mod
 
 log = logging.getLogger("remote_env.serve")
 
@@ -92,11 +92,11 @@ class _ConfigWatcher:
         except OSError:
             return None
 
-    def poll(self) -> pool_spec.PoolSpec | None:
+    def poll(self) -> spec_mod.PoolSpec | None:
         """The new spec if the file changed since the last poll, else None.
 
         Raises:
-            pool_spec.PoolSpecError: the changed file is invalid.
+            spec_mod.SpecError: the changed file is invalid.
         """
         if not self.reload_now.is_set() and time.monotonic() - self._checked < CONFIG_POLL_S:
             return None
@@ -106,7 +106,7 @@ class _ConfigWatcher:
         if text is None or text == self._text:
             return None
         self._text = text
-        return pool_spec.load(self.path)
+        return spec_mod.load(self.path)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -122,8 +122,8 @@ def serve(args: argparse.Namespace) -> int:
         print("envpool serve: --config is required (or set ENVPOOL_CONFIG)", file=sys.stderr)
         return 2
     try:
-        spec = pool_spec.load(args.config)
-    except pool_spec.PoolSpecError as exc:
+        spec = spec_mod.load(args.config)
+    except spec_mod.SpecError as exc:
         print(f"envpool serve: {exc}", file=sys.stderr)
         return 2
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
@@ -156,7 +156,7 @@ def serve(args: argparse.Namespace) -> int:
     def _reload() -> None:
         try:
             new = watcher.poll()
-        except pool_spec.PoolSpecError as exc:
+        except spec_mod.SpecError as exc:
             log.error("config changed but is invalid; keeping the running spec: %s", exc)
             return
         if new is None:

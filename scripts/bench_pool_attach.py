@@ -21,7 +21,7 @@ import time
 import gymnasium as gym
 import ray
 
-from remote_env import pool_spec
+from remote_env import spec
 from remote_env.attach import attach
 from remote_env.pool_server import PoolServer
 from remote_env.vector import RemoteVectorEnv
@@ -36,9 +36,9 @@ def main() -> None:
     args = ap.parse_args()
 
     ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False)
-    spec = pool_spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": args.envs,
-                                 "envsPerActor": args.envs_per_actor}, name="bench")
-    server = PoolServer(spec, http_port=-1)
+    pool = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": args.envs,
+                            "envsPerActor": args.envs_per_actor}, name="bench")
+    server = PoolServer(pool, http_port=-1)
     t0 = time.perf_counter()
     server.start_background()
     server.wait_ready(1800)

@@ -1,9 +1,10 @@
-"""Pure builders: a validated :class:`~envpool_operator.spec.PoolSpec` -> manifest dicts.
+"""Pure builders: a validated :class:`~remote_env.spec.model.PoolSpec` -> manifest dicts.
 
 No Kubernetes client and no kopf here; ownerReferences are added by the caller
 (``kopf.adopt``), so these functions are unit-tested on plain dicts::
 
-    >>> from envpool_operator import settings, spec
+    >>> from envpool_operator import settings
+    >>> from remote_env import spec
     >>> pool = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 100}, name="cp")
     >>> rc = build_ray_cluster(pool, settings.Settings())
     >>> rc["spec"]["workerGroupSpecs"][0]["replicas"]   # ceil(100 / 64)
@@ -24,7 +25,7 @@ from typing import Any, Final
 import yaml
 
 from envpool_operator import settings as settings_mod
-from envpool_operator import spec as spec_mod
+from remote_env import spec as spec_mod
 
 RAY_API_VERSION: Final = "ray.io/v1"
 WORKER_GROUP: Final = "envs"
@@ -34,10 +35,6 @@ CONFIG_KEY: Final = "pool.yaml"
 CONFIG_DIR: Final = "/etc/envpool"
 POOL_LABEL: Final = "envpool.dev/pool"
 CLUSTER_HASH_ANNOTATION: Final = "envpool.dev/cluster-hash"
-#: Ray custom resource each worker advertises (``envsPerWorker`` units); the
-#: pool server asks ``envsPerActor`` units per actor, so actors land on workers
-#: and never on the head, and changing envsPerActor needs no new pods.
-ENV_RESOURCE: Final = "envpool_env"
 RAY_CLIENT_PORT: Final = 10001
 RAY_GCS_PORT: Final = 6379
 RAY_DASHBOARD_PORT: Final = 8265
@@ -91,19 +88,9 @@ def _meta(pool: spec_mod.PoolSpec, name: str, **extra: Any) -> dict[str, Any]:
     return {"name": name, "namespace": pool.namespace, "labels": labels(pool.name), **extra}
 
 
-def pool_document(pool: spec_mod.PoolSpec) -> dict[str, Any]:
-    """What the pool server reads: an EnvPool document with every default filled."""
-    return {
-        "apiVersion": spec_mod.API_VERSION,
-        "kind": spec_mod.KIND,
-        "metadata": {"name": pool.name, "namespace": pool.namespace},
-        "spec": pool.to_manifest(),
-    }
-
-
 def build_config_map(pool: spec_mod.PoolSpec) -> dict[str, Any]:
     """ConfigMap ``<name>-pool`` holding the pool's EnvPool document under ``pool.yaml``."""
-    text = yaml.safe_dump(pool_document(pool), sort_keys=True, default_flow_style=False)
+    text = yaml.safe_dump(pool.to_document(), sort_keys=True, default_flow_style=False)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -326,7 +313,7 @@ def _ray_cluster_spec(
             "minReplicas": workers,
             "maxReplicas": workers,
             # KubeRay passes this through as --resources='{"envpool_env": N}'.
-            "rayStartParams": {"resources": json.dumps(json.dumps({ENV_RESOURCE: env_units}))},
+            "rayStartParams": {"resources": json.dumps(json.dumps({spec_mod.ENV_RESOURCE: env_units}))},
             "template": worker,
         }],
     }

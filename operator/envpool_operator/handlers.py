@@ -18,8 +18,8 @@ import prometheus_client
 from envpool_operator import builders, kube, reconcile
 from envpool_operator import metrics as metrics_mod
 from envpool_operator import settings as settings_mod
-from envpool_operator import spec as spec_mod
 from envpool_operator import status as status_mod
+from remote_env import spec as spec_mod
 
 G, V, P = spec_mod.GROUP, spec_mod.VERSION, spec_mod.PLURAL
 

@@ -18,8 +18,8 @@ from urllib.parse import quote
 import kubernetes
 from kubernetes.client import exceptions as k8s_exceptions
 
-from envpool_operator import spec as spec_mod
 from envpool_operator import status as status_mod
+from remote_env import spec as spec_mod
 
 FIELD_MANAGER: Final = "envpool-operator"
 REQUEST_TIMEOUT: Final = 30.0

@@ -21,8 +21,8 @@ import kopf
 from envpool_operator import builders, kube
 from envpool_operator import metrics as metrics_mod
 from envpool_operator import settings as settings_mod
-from envpool_operator import spec as spec_mod
 from envpool_operator import status as status_mod
+from remote_env import spec as spec_mod
 
 #: Delay before looking again while an old RayCluster is being deleted.
 ROLL_POLL_SECONDS = 2.0

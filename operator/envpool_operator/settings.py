@@ -10,7 +10,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-from envpool_operator import spec as spec_mod
+from remote_env import spec as spec_mod
 
 DEFAULT_IMAGE = "ghcr.io/envpool-dev/envpool:0.1.0"
 

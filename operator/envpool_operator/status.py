@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from envpool_operator import builders
-from envpool_operator import spec as spec_mod
+from remote_env import spec as spec_mod
 
 PENDING: Final = "Pending"
 PROVISIONING: Final = "Provisioning"

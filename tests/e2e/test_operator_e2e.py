@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
-from envpool_operator import builders, spec
+from envpool_operator import builders
+from remote_env import spec
 
 pytestmark = [pytest.mark.e2e]
 

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import ray
 
-from envpool_operator import builders, spec
+from envpool_operator import builders
+from remote_env import spec
 
 pytestmark = [pytest.mark.e2e]
 

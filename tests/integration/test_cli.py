@@ -65,7 +65,7 @@ def test_bad_input_is_a_usage_error() -> None:
         (["--transport", "socket"], "invalid choice: 'socket'"),
         (["--env", "NoSuchEnv-v9"], "NoSuchEnv"),
         (["--entrypoint", "no_colon"], "entrypoint must look like 'package.module:callable'"),
-        (["--entrypoint", "remote_env.examples:nope"], "has no callable 'nope'"),
+        (["--entrypoint", "remote_env.examples:nope"], "has no attribute 'nope'"),
         (["-f", "/nonexistent/pool.yaml"], "pool.yaml"),
     ]:
         out = _run("run", *args, timeout=60)

@@ -31,9 +31,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray.cluster_utils import Cluster
 from ray_checks import wait_for
 
-from remote_env import pool_registry, pool_spec
+from remote_env import pool_registry, spec
 from remote_env.attach import PoolNotFoundError, attach
-from remote_env.pool_server import ENV_RESOURCE, PoolServer
+from remote_env.pool_server import PoolServer
+from remote_env.spec import ENV_RESOURCE
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -84,7 +85,7 @@ def _spec(name: str, counter: Path, replicas: int, per_actor: int, **extra: Any)
 
 
 def _server(doc: dict[str, Any]) -> PoolServer:
-    server = PoolServer(pool_spec.parse_manifest(doc), http_port=0, health_interval_s=0.3)
+    server = PoolServer(spec.parse_manifest(doc), http_port=0, health_interval_s=0.3)
     server.start_background()
     return server
 
@@ -259,7 +260,7 @@ def test_scale_up_and_down_keeps_the_surviving_envs(cluster: Cluster, tmp_path: 
         envs.close()
 
         doc["spec"]["replicas"] = 8
-        server.apply_spec(pool_spec.parse_manifest(doc))
+        server.apply_spec(spec.parse_manifest(doc))
         st = server.wait_ready(60)
         assert (st["actors"], st["readyEnvs"]) == (4, 8)
         assert constructions(str(counter)) == 8  # 4 new, none re-created
@@ -272,7 +273,7 @@ def test_scale_up_and_down_keeps_the_surviving_envs(cluster: Cluster, tmp_path: 
         # down to 2: whole actors go, newest first; slot 0 stays as it was
         doc["spec"]["replicas"] = 2
         doc["spec"]["envsPerActor"] = 2
-        server.apply_spec(pool_spec.parse_manifest(doc))
+        server.apply_spec(spec.parse_manifest(doc))
         st = wait_for(lambda: (s := server.status())["actors"] == 1 and s, 30, "scaled down")
         assert [s["slot"] for s in st["slots"]] == [0]
         ns = server.ray_namespace
@@ -286,7 +287,7 @@ def test_scale_up_and_down_keeps_the_surviving_envs(cluster: Cluster, tmp_path: 
 
         # up by one env: a partial actor is added, the full one is not touched
         doc["spec"]["replicas"] = 3
-        server.apply_spec(pool_spec.parse_manifest(doc))
+        server.apply_spec(spec.parse_manifest(doc))
         st = server.wait_ready(60)
         assert [(s["slot"], s["envs"]) for s in st["slots"]] == [(0, 2), (1, 1)]
         assert st["slots"][0]["actorId"] == first_ids[0]
@@ -368,7 +369,7 @@ def test_pool_server_killed_and_restarted_readopts_its_actors(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         # stopped without --destroy-on-exit: the pool's actors stay for the next server
-        assert len(_named_actors(pool_spec.ray_namespace("restart"))) == 4
+        assert len(_named_actors(spec.ray_namespace("restart"))) == 4
     finally:
         if envs is not None:
             envs.close()

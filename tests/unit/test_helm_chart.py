@@ -282,7 +282,8 @@ def test_rbac_is_least_privilege(helm: str) -> None:
 
 def test_operator_grants_cover_the_pool_server_role(helm: str) -> None:
     """RBAC escalation check: the operator may only create a Role whose rules it holds."""
-    from envpool_operator import builders, spec
+    from envpool_operator import builders
+    from remote_env import spec
 
     role = builders.build_role(spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4},
                                                name="p", namespace="ns"))
@@ -362,7 +363,8 @@ def test_monitoring_objects_render_when_enabled(helm: str) -> None:
 
 
 def test_pod_monitor_matches_the_operators_head_pod(helm: str) -> None:
-    from envpool_operator import builders, settings, spec
+    from envpool_operator import builders, settings
+    from remote_env import spec
 
     pool = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4}, name="p", namespace="ns")
     head = builders.build_ray_cluster(pool, settings.Settings())["spec"]["headGroupSpec"]["template"]

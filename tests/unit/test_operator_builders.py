@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from envpool_operator import builders, settings, spec
+from envpool_operator import builders, settings
+from remote_env import spec
 
 SETTINGS = settings.Settings(image="registry.example/envpool:1.0")
 
@@ -56,7 +57,7 @@ def test_ray_cluster_groups_and_sizes() -> None:
     # head hosts no env actors; workers advertise env slots
     assert rc["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
     res = json.loads(json.loads(groups[0]["rayStartParams"]["resources"]))
-    assert res == {builders.ENV_RESOURCE: 64}
+    assert res == {spec.ENV_RESOURCE: 64}
 
 
 def test_suspend_keeps_head_and_zeroes_workers() -> None:

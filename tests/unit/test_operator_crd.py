@@ -1,4 +1,5 @@
-"""The CRD file and the examples: names that are contracts, schema vs spec.py defaults."""
+"""The CRD file and the examples: names that are contracts; the schema agrees with
+remote_env.spec field by field (types, defaults, ranges, enums, lengths)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from envpool_operator import spec
+from remote_env import spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "manifests" / "crd" / "envpool.dev_envpools.yaml"
@@ -96,16 +97,90 @@ def test_crd_defaults_agree_with_spec_module(crd: dict[str, Any]) -> None:
     assert defaulted["metrics"]["port"] == spec.DEFAULT_METRICS_PORT
 
 
-def test_crd_ranges_agree_with_spec_module(crd: dict[str, Any]) -> None:
+def _node(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    """The schema node of a ``spec.a.b`` path (``resources``/``toleration``: the shared ones)."""
+    shared = {"resources": "spec.ray.head.resources", "toleration": "spec.ray.worker.tolerations"}
+    node = schema
+    for part in shared.get(path, path).split(".")[1:]:
+        node = node["properties"][part]
+    return node["items"] if path == "toleration" else node
+
+
+def test_every_model_field_has_the_crd_type_default_and_bounds(crd: dict[str, Any]) -> None:
+    schema = _spec_schema(crd)
+    for path, field in spec.fields.FIELDS.items():
+        node = _node(schema, path)
+        assert node["type"] == field.type, path
+        assert node.get("default") == field.default, path
+        assert node.get("minimum") == field.minimum, path
+        assert node.get("maximum") == field.maximum, path
+        assert (tuple(node["enum"]) if "enum" in node else None) == field.enum, path
+        assert node.get("minLength") == field.min_length, path
+        assert node.get("maxLength") == field.max_length, path
+
+
+def test_every_crd_object_has_the_model_fields(crd: dict[str, Any]) -> None:
+    schema = _spec_schema(crd)
+    for path, names in spec.fields.OBJECTS.items():
+        assert tuple(_node(schema, path)["properties"]) == names, path
+
+
+def test_every_crd_bound_is_in_the_model(crd: dict[str, Any]) -> None:
+    # the other direction: a default or bound in the CRD that the model lacks
+    bounded = ("default", "minimum", "maximum", "enum", "minLength", "maxLength")
+    model_paths = set(spec.fields.FIELDS) | {"spec.ray.worker.tolerations[].operator",
+                                               "spec.ray.worker.tolerations[].effect"}
+    found: list[str] = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        if node.get("type") in ("integer", "number", "boolean", "string") and any(
+                k in node for k in bounded):
+            found.append(path)
+        for key, child in (node.get("properties") or {}).items():
+            walk(child, f"{path}.{key}")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+
+    walk(_spec_schema(crd), "spec")
+    # label values and toleration keys: the model checks them with fields.MAX_* constants
+    lengths = {"spec.ray.worker.tolerations[].key": spec.fields.MAX_TOLERATION_KEY_LENGTH,
+               "spec.ray.worker.tolerations[].value": spec.fields.MAX_LABEL_VALUE_LENGTH}
+    schema = _spec_schema(crd)
+    tol = schema["properties"]["ray"]["properties"]["worker"]["properties"]["tolerations"]
+    assert tol["maxItems"] == spec.fields.MAX_TOLERATIONS
+    for key, most in lengths.items():
+        assert tol["items"]["properties"][key.rsplit(".", 1)[1]]["maxLength"] == most
+    assert tuple(tol["items"]["properties"]["operator"]["enum"]) == \
+        spec.fields.TOLERATION_OPERATORS
+    assert tuple(tol["items"]["properties"]["effect"]["enum"]) == spec.fields.TOLERATION_EFFECTS
+    sel = schema["properties"]["ray"]["properties"]["worker"]["properties"]["nodeSelector"]
+    assert sel["maxProperties"] == spec.fields.MAX_NODE_SELECTOR
+    assert sel["additionalProperties"]["maxLength"] == spec.fields.MAX_LABEL_VALUE_LENGTH
+    quantities = _node(schema, "resources")["properties"]["requests"]
+    assert quantities["maxProperties"] == spec.fields.MAX_QUANTITIES
+    assert quantities["additionalProperties"]["maxLength"] == spec.fields.MAX_QUANTITY_LENGTH
+    assert set(found) <= model_paths | set(lengths), sorted(set(found) - model_paths)
+
+
+def test_crd_rules_use_the_model_constants(crd: dict[str, Any]) -> None:
     props = _spec_schema(crd)["properties"]
-    assert (props["replicas"]["minimum"], props["replicas"]["maximum"]) == (1, spec.MAX_REPLICAS)
-    assert props["autoresetMode"]["enum"] == list(spec.AUTORESET_MODES)
     assert "envsPerActor" not in _defaults(_spec_schema(crd))  # min(8, replicas) in code
     name = _version(crd)["schema"]["openAPIV3Schema"]["properties"]["metadata"]["properties"][
         "name"]
     rules = [v["rule"] for v in name["x-kubernetes-validations"]]
     assert any(f"<= {spec.MAX_NAME_LENGTH}" in r for r in rules)
-    assert any(spec._NAME_RE.pattern in r for r in rules)
+    assert any(spec.fields.NAME_RE.pattern in r for r in rules)
+    (port_rule,) = props["metrics"]["properties"]["port"]["x-kubernetes-validations"]
+    assert port_rule["rule"] == f"!(self in {list(spec.RAY_PORTS)})".replace(",", ", ").replace(
+        ",  ", ", ")
+    id_rule = props["env"]["properties"]["id"]["x-kubernetes-validations"][0]["rule"]
+    assert spec.fields.ENV_ID_RE.pattern in id_rule
+    ep_rule = props["env"]["properties"]["entrypoint"]["x-kubernetes-validations"][0]["rule"]
+    assert ep_rule == f"self.matches('{spec.fields.ENTRYPOINT_RE.pattern}')".replace(
+        r"\.", "[.]")
+    version_rule = props["ray"]["properties"]["version"]["x-kubernetes-validations"][0]["rule"]
+    assert version_rule == f"self.matches('{spec.fields.RAY_VERSION_RE.pattern}')".replace(
+        r"\.", "[.]")
 
 
 def test_every_schema_object_is_structural(crd: dict[str, Any]) -> None:

@@ -100,15 +100,18 @@ def test_handlers_register_with_kopf() -> None:
     assert not list(registry._spawning.get_all_handlers())
 
 
-@pytest.mark.parametrize("module", ["spec", "builders", "status", "metrics", "reconcile"])
+@pytest.mark.parametrize("module", [
+    "remote_env.spec", "remote_env.spec.parse", "envpool_operator.builders",
+    "envpool_operator.status", "envpool_operator.metrics", "envpool_operator.reconcile",
+])
 def test_docstring_examples_run(module: str) -> None:
     import doctest
     import importlib
 
-    mod = importlib.import_module(f"envpool_operator.{module}")
+    mod = importlib.import_module(module)
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
-    assert result.attempted > 0, f"envpool_operator.{module} has no runnable example"
+    assert result.attempted > 0, f"{module} has no runnable example"
 
 
 def test_retry_and_resync_settings() -> None:

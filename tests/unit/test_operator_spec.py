@@ -1,4 +1,4 @@
-"""envpool_operator.spec: parse/validate EnvPool specs on plain dicts."""
+"""remote_env.spec: parse/validate EnvPool specs on plain dicts (what the operator reconciles)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from envpool_operator import spec
+from remote_env import spec
 
 
 def _spec(**over: Any) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def _errors(raw: dict[str, Any], name: str = "cp", **kw: Any) -> list[str]:
 @pytest.mark.parametrize(
     ("raw", "needle"),
     [
-        ({"env": {}, "replicas": 1}, "exactly one of env.id or env.entrypoint must be set, got neither"),
+        ({"env": {}, "replicas": 1}, "exactly one of env.id (a gymnasium id, e.g. CartPole-v1) or env.entrypoint ('package.module:callable') must be set, got neither"),
         ({"env": {"id": "CartPole-v1", "entrypoint": "a:b"}, "replicas": 1}, "got both"),
         (_spec(env={"entrypoint": "no_colon"}), "expected 'package.module:callable'"),
         (_spec(env={"entrypoint": "a.b:c:d"}), "expected 'package.module:callable'"),

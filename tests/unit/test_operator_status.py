@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from envpool_operator import builders, settings, spec, status
+from envpool_operator import builders, settings, status
+from remote_env import spec
 
 NOW = datetime.datetime(2026, 6, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
 STAMP = "2026-06-01T12:00:00Z"

@@ -1,8 +1,8 @@
-"""remote_env.pool_spec: EnvPool YAML -> what the pool server runs.
+"""remote_env.spec as the pool server reads it: EnvPool documents and YAML files.
 
-Includes the contract with the operator: every example manifest, and the pool
-document the operator writes into the ConfigMap, parse to the same values here
-as in ``envpool_operator.spec`` (remote_env may not import the operator; tests may).
+Includes the contract with the operator: the pool document it writes into the
+ConfigMap is what ``envpool serve`` reads back (remote_env may not import the
+operator; tests may).
 """
 
 from __future__ import annotations
@@ -15,67 +15,47 @@ import pytest
 import yaml
 
 from envpool_operator import builders
-from envpool_operator import spec as op_spec
-from remote_env import pool_spec
+from remote_env import entrypoints, spec
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "examples").glob("*.yaml"))
 
 
-def _doc(**spec: Any) -> dict[str, Any]:
+def _doc(**fields: Any) -> dict[str, Any]:
     return {"apiVersion": "envpool.dev/v1alpha1", "kind": "EnvPool",
             "metadata": {"name": "cp", "namespace": "rl"},
-            "spec": {"env": {"id": "CartPole-v1"}, "replicas": 4, **spec}}
-
-
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
-def test_examples_parse_as_the_operator_parses_them(path: Path) -> None:
-    doc = yaml.safe_load(path.read_text())
-    ours = pool_spec.load(path)
-    theirs = op_spec.parse_spec(doc["spec"], name=doc["metadata"]["name"])
-    assert ours.name == theirs.name
-    assert (ours.replicas, ours.envs_per_actor, ours.batch_wait_ms, ours.autoreset_mode,
-            ours.suspend, ours.metrics_port) == (
-        theirs.replicas, theirs.envs_per_actor, theirs.batch_wait_ms, theirs.autoreset_mode,
-        theirs.suspend, theirs.metrics_port)
-    assert (ours.env.id, ours.env.entrypoint, dict(ours.env.kwargs), ours.env.multi_agent) == (
-        theirs.env.id, theirs.env.entrypoint, dict(theirs.env.kwargs), theirs.env.multi_agent)
-    ft, oft = ours.fault_tolerance, theirs.fault_tolerance
-    assert (ft.restart_failed_envs, ft.step_timeout_seconds, ft.max_restarts,
-            ft.restart_backoff_seconds) == (oft.restart_failed_envs, oft.step_timeout_seconds,
-                                            oft.max_restarts, oft.restart_backoff_seconds)
-    assert dict(ours.runtime_env) == dict(theirs.ray.runtime_env)
+            "spec": {"env": {"id": "CartPole-v1"}, "replicas": 4, **fields}}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_the_operators_config_map_document_is_what_serve_reads(path: Path, tmp_path: Path) -> None:
     doc = yaml.safe_load(path.read_text())
-    pool = op_spec.parse_spec(doc["spec"], name=doc["metadata"]["name"], namespace="team-a")
+    pool = spec.parse_spec(doc["spec"], name=doc["metadata"]["name"], namespace="team-a")
     cm = builders.build_config_map(pool)
     f = tmp_path / builders.CONFIG_KEY
     f.write_text(cm["data"][builders.CONFIG_KEY])
-    ours = pool_spec.load(f)
+    ours = spec.load(f)
     assert (ours.name, ours.namespace, ours.replicas, ours.envs_per_actor) == (
         pool.name, "team-a", pool.replicas, pool.envs_per_actor)
 
 
 def test_defaults_and_derived_values() -> None:
-    pool = pool_spec.parse_manifest(_doc())
+    pool = spec.parse_manifest(_doc())
     assert pool.namespace == "rl" and pool.ray_namespace == "envpool-cp"
     assert pool.envs_per_actor == 4  # min(8, replicas)
     assert pool.autoreset_mode == "NextStep" and pool.batch_wait_ms == 2
     assert pool.threads_per_actor == 1
-    assert pool.fault_tolerance == pool_spec.FaultTolerance(True, 60.0, 100, 1.0)
+    assert pool.fault_tolerance == spec.FaultTolerance(True, 60.0, 100, 1.0)
     assert pool.desired_envs == 4
-    assert pool_spec.parse_manifest(_doc(suspend=True)).desired_envs == 0
-    no_hang = pool_spec.parse_manifest(_doc(faultTolerance={"stepTimeoutSeconds": 0}))
+    assert spec.parse_manifest(_doc(suspend=True)).desired_envs == 0
+    no_hang = spec.parse_manifest(_doc(faultTolerance={"stepTimeoutSeconds": 0}))
     assert no_hang.fault_tolerance.step_timeout is None
-    bare = pool_spec.parse_manifest({"env": {"id": "CartPole-v1"}, "replicas": 2}, name="bare")
+    bare = spec.parse_manifest({"env": {"id": "CartPole-v1"}, "replicas": 2}, name="bare")
     assert bare.name == "bare" and bare.namespace == "default"
 
 
 def test_every_problem_is_reported_with_its_field() -> None:
-    with pytest.raises(pool_spec.PoolSpecError) as err:
-        pool_spec.parse_manifest(_doc(
+    with pytest.raises(spec.SpecError) as err:
+        spec.parse_manifest(_doc(
             env={"id": "CartPole-v1", "entrypoint": "a.b:c"}, replicas=0, envsPerActor=2000,
             autoresetMode="Sometimes", faultTolerance={"maxRestarts": -1, "retries": 3},
             metrics={"port": 6379}, colour="blue", threadsPerActor=2000,
@@ -97,43 +77,43 @@ def test_every_problem_is_reported_with_its_field() -> None:
 
 
 def test_documents_that_are_not_envpools() -> None:
-    with pytest.raises(pool_spec.PoolSpecError, match="kind: expected EnvPool, got 'Deployment'"):
-        pool_spec.parse_manifest({**_doc(), "kind": "Deployment"})
-    with pytest.raises(pool_spec.PoolSpecError, match=r"metadata\.name: required"):
-        pool_spec.parse_manifest({"kind": "EnvPool", "spec": {}})
-    with pytest.raises(pool_spec.PoolSpecError, match="a bare spec needs a pool name"):
-        pool_spec.parse_manifest({"env": {"id": "CartPole-v1"}, "replicas": 1})
-    with pytest.raises(pool_spec.PoolSpecError, match=r"metadata\.name: expected a DNS label"):
-        pool_spec.parse_manifest(_doc(), name="Not_A_Label")
+    with pytest.raises(spec.SpecError, match="kind: expected EnvPool, got 'Deployment'"):
+        spec.parse_manifest({**_doc(), "kind": "Deployment"})
+    with pytest.raises(spec.SpecError, match=r"metadata\.name: required"):
+        spec.parse_manifest({"kind": "EnvPool", "spec": {}})
+    with pytest.raises(spec.SpecError, match="a bare spec needs a pool name"):
+        spec.parse_manifest({"env": {"id": "CartPole-v1"}, "replicas": 1})
+    with pytest.raises(spec.SpecError, match=r"metadata\.name: expected a DNS label"):
+        spec.parse_manifest(_doc(), name="Not_A_Label")
 
 
 def test_load_errors_name_the_file(tmp_path: Path) -> None:
     missing = tmp_path / "missing.yaml"
-    with pytest.raises(pool_spec.PoolSpecError, match=rf"^{missing}: cannot read"):
-        pool_spec.load(missing)
+    with pytest.raises(spec.SpecError, match=rf"^{missing}: cannot read"):
+        spec.load(missing)
     bad = tmp_path / "bad.yaml"
     bad.write_text("spec: [unclosed\n")
-    with pytest.raises(pool_spec.PoolSpecError, match=rf"^{bad}: invalid YAML"):
-        pool_spec.load(bad)
+    with pytest.raises(spec.SpecError, match=rf"^{bad}: invalid YAML"):
+        spec.load(bad)
     two = tmp_path / "two.yaml"
     two.write_text(yaml.safe_dump(_doc()) + "---\n" + yaml.safe_dump(_doc()))
-    with pytest.raises(pool_spec.PoolSpecError, match="expected one EnvPool document, found 2"):
-        pool_spec.load(two)
+    with pytest.raises(spec.SpecError, match="expected one EnvPool document, found 2"):
+        spec.load(two)
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text(yaml.safe_dump(_doc(replicas="many")))
-    with pytest.raises(pool_spec.PoolSpecError,
+    with pytest.raises(spec.SpecError,
                        match=rf"^{wrong}: spec.replicas: expected an integer"):
-        pool_spec.load(wrong)
+        spec.load(wrong)
 
 
 def test_env_factory_builds_ids_and_entrypoints_and_pickles() -> None:
     import pickle
 
-    env = pool_spec.parse_manifest(_doc()).env_factory()()
+    env = entrypoints.EnvFactory.from_spec(spec.parse_manifest(_doc()).env)()
     assert env.spec is not None and env.spec.id == "CartPole-v1"
-    ep = pool_spec.parse_manifest(_doc(env={
+    ep = spec.parse_manifest(_doc(env={
         "entrypoint": "remote_env.examples:make_slow_cartpole", "kwargs": {"step_delay_ms": 0}}))
-    factory = pickle.loads(pickle.dumps(ep.env_factory()))
+    factory = pickle.loads(pickle.dumps(entrypoints.EnvFactory.from_spec(ep.env)))
     made = factory()
     assert isinstance(made, gym.Wrapper) and made._delay == 0.0
     assert "make_slow_cartpole" in repr(factory)
@@ -141,23 +121,23 @@ def test_env_factory_builds_ids_and_entrypoints_and_pickles() -> None:
 
 def test_resolve_entrypoint_errors() -> None:
     with pytest.raises(ValueError, match=r"must look like 'package\.module:callable'"):
-        pool_spec.resolve_entrypoint("no_colon")
+        entrypoints.resolve_entrypoint("no_colon")
     with pytest.raises(ValueError, match="cannot import 'no_such_module_xyz'"):
-        pool_spec.resolve_entrypoint("no_such_module_xyz:f")
+        entrypoints.resolve_entrypoint("no_such_module_xyz:f")
     with pytest.raises(ValueError, match="has no attribute 'nope'"):
-        pool_spec.resolve_entrypoint("remote_env.examples:nope")
+        entrypoints.resolve_entrypoint("remote_env.examples:nope")
     with pytest.raises(ValueError, match="is not callable"):
-        pool_spec.resolve_entrypoint("remote_env.pool_spec:KIND")
-    assert pool_spec.resolve_entrypoint("remote_env.examples:SlowCartPole.step")
+        entrypoints.resolve_entrypoint("remote_env.spec.fields:KIND")
+    assert entrypoints.resolve_entrypoint("remote_env.examples:SlowCartPole.step")
 
 
 def test_host_signature_changes_only_with_what_actors_are_built_from() -> None:
-    base = pool_spec.parse_manifest(_doc())
-    assert base.host_signature() == pool_spec.parse_manifest(
+    base = spec.parse_manifest(_doc())
+    assert base.host_signature() == spec.parse_manifest(
         _doc(replicas=8, batchWaitMs=10)).host_signature()
-    assert base.host_signature() != pool_spec.parse_manifest(
+    assert base.host_signature() != spec.parse_manifest(
         _doc(env={"id": "Pendulum-v1"})).host_signature()
-    assert base.host_signature() != pool_spec.parse_manifest(
+    assert base.host_signature() != spec.parse_manifest(
         _doc(autoresetMode="SameStep")).host_signature()
-    assert base.host_signature() != pool_spec.parse_manifest(
+    assert base.host_signature() != spec.parse_manifest(
         _doc(threadsPerActor=4)).host_signature()

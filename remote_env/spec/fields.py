@@ -1,0 +1,122 @@
+"""The EnvPool spec's names, defaults and bounds: each written once, here.
+
+The parser (:mod:`remote_env.spec.parse`) reads its defaults and limits from
+:data:`FIELDS` and its field names from :data:`OBJECTS`; a unit test proves that
+the CRD's openAPIV3Schema (``manifests/crd/envpool.dev_envpools.yaml``) has the
+same fields, types, defaults, ranges, enums and lengths. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Final, Literal
+
+GROUP: Final = "envpool.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "EnvPool"
+PLURAL: Final = "envpools"
+
+#: Child names are derived from the EnvPool name (``<name>-head-svc`` and pod
+#: names made by KubeRay); 40 leaves room under the 63-character label limit.
+MAX_NAME_LENGTH: Final = 40
+MAX_REPLICAS: Final = 100_000
+#: ``envsPerActor`` when unset: ``min(DEFAULT_ENVS_PER_ACTOR, replicas)`` (so not a
+#: schema default).
+DEFAULT_ENVS_PER_ACTOR: Final = 8
+#: Ray custom resource each worker pod advertises (``envsPerWorker`` units); the pool
+#: server asks one unit per env an actor hosts, so actors land on workers, never on
+#: the head. The operator's builders and the pool server both read it here.
+ENV_RESOURCE: Final = "envpool_env"
+#: Ports the Ray head container already listens on (GCS, dashboard, client).
+RAY_PORTS: Final = (6379, 8265, 10001)
+#: Ray's raylet, GCS and object store do not start in less.
+MIN_RAY_MEMORY_BYTES: Final = 256 * 2**20
+#: gymnasium ``AutoresetMode`` values, which the CRD spells the same way.
+AUTORESET_MODES: Final = ("NextStep", "SameStep", "Disabled")
+TOLERATION_OPERATORS: Final = ("Exists", "Equal")
+TOLERATION_EFFECTS: Final = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+#: Most entries of a resources ``requests``/``limits`` map, and the longest quantity.
+MAX_QUANTITIES: Final = 16
+MAX_QUANTITY_LENGTH: Final = 64
+MAX_NODE_SELECTOR: Final = 32
+MAX_LABEL_VALUE_LENGTH: Final = 63
+MAX_TOLERATIONS: Final = 32
+MAX_TOLERATION_KEY_LENGTH: Final = 316
+
+NAME_RE: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_IDENT: Final = r"[A-Za-z_][A-Za-z0-9_]*"
+ENTRYPOINT_RE: Final = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
+ENV_ID_RE: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")
+RAY_VERSION_RE: Final = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
+#: A Kubernetes quantity without a sign (negative resources make no sense).
+QUANTITY_RE: Final = re.compile(
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+
+FieldType = Literal["integer", "number", "boolean", "string"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One scalar field: its schema type, default (None: none) and bounds."""
+
+    type: FieldType
+    default: Any = None
+    minimum: float | None = None
+    maximum: float | None = None
+    enum: tuple[str, ...] | None = None
+    min_length: int | None = None
+    max_length: int | None = None
+
+
+#: Every scalar field of ``spec`` with a default or a bound, by its path.
+FIELDS: Final[dict[str, Field]] = {
+    "spec.env.id": Field("string", min_length=1, max_length=253),
+    "spec.env.entrypoint": Field("string", min_length=3, max_length=256),
+    "spec.env.multiAgent": Field("boolean", False),
+    "spec.replicas": Field("integer", minimum=1, maximum=MAX_REPLICAS),
+    "spec.envsPerActor": Field("integer", minimum=1, maximum=1024),
+    "spec.threadsPerActor": Field("integer", 1, 1, 1024),
+    "spec.batchWaitMs": Field("integer", 2, 0, 60_000),
+    "spec.autoresetMode": Field("string", "NextStep", enum=AUTORESET_MODES),
+    "spec.faultTolerance.restartFailedEnvs": Field("boolean", True),
+    #: 0 disables hang detection.
+    "spec.faultTolerance.stepTimeoutSeconds": Field("number", 60.0, 0, 86_400),
+    "spec.faultTolerance.maxRestarts": Field("integer", 100, 0, 1_000_000),
+    "spec.faultTolerance.restartBackoffSeconds": Field("number", 1.0, 0, 3600),
+    "spec.ray.version": Field("string", "2.60.0", max_length=32),
+    "spec.ray.image": Field("string", "", max_length=512),
+    "spec.ray.worker.envsPerWorker": Field("integer", 64, 1, 10_000),
+    "spec.metrics.port": Field("integer", 8080, 1024, 65535),
+    "spec.suspend": Field("boolean", False),
+}
+
+#: The fields of each object of ``spec`` (``resources`` and ``toleration`` stand for
+#: every resources block and every item of ``tolerations``).
+OBJECTS: Final[dict[str, tuple[str, ...]]] = {
+    "spec": ("env", "replicas", "envsPerActor", "threadsPerActor", "batchWaitMs",
+             "autoresetMode", "faultTolerance", "ray", "metrics", "suspend"),
+    "spec.env": ("id", "entrypoint", "kwargs", "multiAgent"),
+    "spec.faultTolerance": ("restartFailedEnvs", "stepTimeoutSeconds", "maxRestarts",
+                            "restartBackoffSeconds"),
+    "spec.ray": ("version", "image", "head", "worker", "runtimeEnv"),
+    "spec.ray.head": ("resources",),
+    "spec.ray.worker": ("resources", "envsPerWorker", "nodeSelector", "tolerations"),
+    "spec.metrics": ("port",),
+    "resources": ("requests", "limits"),
+    "toleration": ("key", "operator", "value", "effect", "tolerationSeconds"),
+}
+
+#: Values used where the library and the pool share a default.
+DEFAULT_MAX_RESTARTS: Final[int] = FIELDS["spec.faultTolerance.maxRestarts"].default
+DEFAULT_BATCH_WAIT_MS: Final[int] = FIELDS["spec.batchWaitMs"].default
+DEFAULT_METRICS_PORT: Final[int] = FIELDS["spec.metrics.port"].default
+DEFAULT_RAY_VERSION: Final[str] = FIELDS["spec.ray.version"].default
+DEFAULT_ENVS_PER_WORKER: Final[int] = FIELDS["spec.ray.worker.envsPerWorker"].default
+
+
+def ray_namespace(pool_name: str) -> str:
+    """The Ray namespace holding a pool's named actors."""
+    return f"envpool-{pool_name}"

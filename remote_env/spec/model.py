@@ -1,0 +1,189 @@
+"""The validated EnvPool spec: frozen records with every default filled in.
+
+Built by :func:`remote_env.spec.parse.parse_spec`; read by the operator (what to
+build) and the pool server (what to run). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from remote_env.spec import fields
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Bounds a CRD cannot know: the operator's settings, not schema."""
+
+    max_workers: int = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    id: str | None
+    entrypoint: str | None
+    kwargs: Mapping[str, Any]
+    multi_agent: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultTolerance:
+    restart_failed_envs: bool = fields.FIELDS["spec.faultTolerance.restartFailedEnvs"].default
+    #: 0 disables hang detection.
+    step_timeout_seconds: float = fields.FIELDS["spec.faultTolerance.stepTimeoutSeconds"].default
+    max_restarts: int = fields.DEFAULT_MAX_RESTARTS
+    restart_backoff_seconds: float = fields.FIELDS[
+        "spec.faultTolerance.restartBackoffSeconds"].default
+
+    @property
+    def step_timeout(self) -> float | None:
+        """``step_timeout_seconds`` as ``RemoteVectorEnv`` takes it (None: no hang check)."""
+        return self.step_timeout_seconds or None
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """Container requests/limits, quantities kept as the user wrote them (strings)."""
+
+    requests: Mapping[str, str]
+    limits: Mapping[str, str]
+
+    def to_manifest(self) -> dict[str, dict[str, str]]:
+        out: dict[str, dict[str, str]] = {}
+        if self.requests:
+            out["requests"] = dict(self.requests)
+        if self.limits:
+            out["limits"] = dict(self.limits)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadSpec:
+    resources: Resources
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    resources: Resources
+    envs_per_worker: int
+    node_selector: Mapping[str, str]
+    tolerations: tuple[Mapping[str, Any], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RaySpec:
+    version: str
+    image: str
+    head: HeadSpec
+    worker: WorkerSpec
+    runtime_env: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+    """A validated EnvPool spec with every default filled in."""
+
+    name: str
+    namespace: str
+    env: EnvSpec
+    replicas: int
+    envs_per_actor: int
+    threads_per_actor: int
+    batch_wait_ms: int
+    autoreset_mode: str  # NextStep, SameStep, Disabled (= gymnasium AutoresetMode values)
+    fault_tolerance: FaultTolerance
+    ray: RaySpec
+    metrics_port: int
+    suspend: bool
+
+    @property
+    def desired_envs(self) -> int:
+        """Envs the pool server keeps running: none while suspended."""
+        return 0 if self.suspend else self.replicas
+
+    @property
+    def ray_namespace(self) -> str:
+        return fields.ray_namespace(self.name)
+
+    @property
+    def actors(self) -> int:
+        """Env actors the pool server creates (the last one may be partly filled)."""
+        return math.ceil(self.replicas / self.envs_per_actor)
+
+    @property
+    def actors_per_worker(self) -> int:
+        return self.ray.worker.envs_per_worker // self.envs_per_actor
+
+    @property
+    def desired_workers(self) -> int:
+        """Worker pods needed to host every actor, ignoring ``suspend``."""
+        return math.ceil(self.actors / self.actors_per_worker)
+
+    @property
+    def workers(self) -> int:
+        """Worker pods to run now: suspend scales workers to zero, the head stays."""
+        return 0 if self.suspend else self.desired_workers
+
+    def host_signature(self) -> dict[str, Any]:
+        """What a running env actor was built with; a change needs new actors."""
+        ft = self.fault_tolerance
+        return {
+            "env": {"id": self.env.id, "entrypoint": self.env.entrypoint,
+                    "kwargs": dict(self.env.kwargs), "multiAgent": self.env.multi_agent},
+            "autoresetMode": self.autoreset_mode,
+            "threadsPerActor": self.threads_per_actor,
+            "restartFailedEnvs": ft.restart_failed_envs,
+            "maxRestarts": ft.max_restarts,
+            "restartBackoffSeconds": ft.restart_backoff_seconds,
+            "runtimeEnv": dict(self.ray.runtime_env),
+        }
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The spec back in CRD (camelCase) form, defaults included."""
+        env: dict[str, Any] = {"kwargs": dict(self.env.kwargs), "multiAgent": self.env.multi_agent}
+        if self.env.id is not None:
+            env["id"] = self.env.id
+        if self.env.entrypoint is not None:
+            env["entrypoint"] = self.env.entrypoint
+        ft = self.fault_tolerance
+        worker = self.ray.worker
+        return {
+            "env": env,
+            "replicas": self.replicas,
+            "envsPerActor": self.envs_per_actor,
+            "threadsPerActor": self.threads_per_actor,
+            "batchWaitMs": self.batch_wait_ms,
+            "autoresetMode": self.autoreset_mode,
+            "faultTolerance": {
+                "restartFailedEnvs": ft.restart_failed_envs,
+                "stepTimeoutSeconds": ft.step_timeout_seconds,
+                "maxRestarts": ft.max_restarts,
+                "restartBackoffSeconds": ft.restart_backoff_seconds,
+            },
+            "ray": {
+                "version": self.ray.version,
+                "image": self.ray.image,
+                "head": {"resources": self.ray.head.resources.to_manifest()},
+                "worker": {
+                    "resources": worker.resources.to_manifest(),
+                    "envsPerWorker": worker.envs_per_worker,
+                    "nodeSelector": dict(worker.node_selector),
+                    "tolerations": [dict(t) for t in worker.tolerations],
+                },
+                "runtimeEnv": dict(self.ray.runtime_env),
+            },
+            "metrics": {"port": self.metrics_port},
+            "suspend": self.suspend,
+        }
+
+    def to_document(self) -> dict[str, Any]:
+        """The whole EnvPool document (what ``envpool serve --config`` reads)."""
+        return {
+            "apiVersion": fields.API_VERSION,
+            "kind": fields.KIND,
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": self.to_manifest(),
+        }

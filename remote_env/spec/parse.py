@@ -1,0 +1,274 @@
+"""EnvPool documents and specs (dicts or YAML files) -> :class:`~remote_env.spec.model.PoolSpec`.
+
+The CRD schema rejects what the API server can check; this repeats those checks
+(the same YAML runs without an API server: ``envpool run -f pool.yaml``; an old
+CRD may be installed) and adds what a schema cannot express: resource quantities
+that make sense together and the worker count against the operator's limits.
+Stdlib and PyYAML only.
+
+Example:
+    >>> pool = parse_manifest({
+    ...     "apiVersion": "envpool.dev/v1alpha1", "kind": "EnvPool",
+    ...     "metadata": {"name": "cartpole"},
+    ...     "spec": {"env": {"id": "CartPole-v1"}, "replicas": 16, "envsPerActor": 8},
+    ... })
+    >>> pool.replicas, pool.envs_per_actor, pool.ray_namespace, pool.workers
+    (16, 8, 'envpool-cartpole', 1)
+    >>> try:
+    ...     parse_spec({"env": {}, "replicas": 0}, name="cp")
+    ... except checker.SpecError as exc:
+    ...     for error in exc.errors:
+    ...         print(error)
+    spec.env: exactly one of env.id (a gymnasium id, e.g. CartPole-v1) or env.entrypoint ('package.module:callable') must be set, got neither
+    spec.replicas: must be in [1, 100000], got 0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from remote_env.spec import checker, fields, model
+
+
+def _parse_env(c: checker.Checker, raw: Any) -> model.EnvSpec:
+    env = c.mapping(raw, "spec.env")
+    c.known(env, "spec.env")
+    env_id = c.string(env, "spec.env.id")
+    entrypoint = c.string(env, "spec.env.entrypoint")
+    if (env_id is None) == (entrypoint is None):
+        got = "both" if env_id is not None else "neither"
+        c.fail("spec.env", "exactly one of env.id (a gymnasium id, e.g. CartPole-v1) or "
+                           f"env.entrypoint ('package.module:callable') must be set, got {got}")
+    if env_id and not fields.ENV_ID_RE.match(env_id):
+        c.fail("spec.env.id", f"expected a gymnasium id such as CartPole-v1, got {env_id!r}")
+    if entrypoint is not None and not fields.ENTRYPOINT_RE.match(entrypoint):
+        c.fail("spec.env.entrypoint",
+               f"expected 'package.module:callable' (importable names), got {entrypoint!r}")
+    kwargs = c.mapping(env.get("kwargs"), "spec.env.kwargs")
+    return model.EnvSpec(id=env_id, entrypoint=entrypoint, kwargs=dict(kwargs),
+                         multi_agent=c.boolean(env, "spec.env.multiAgent"))
+
+
+def _parse_tolerations(c: checker.Checker, raw: Any) -> tuple[Mapping[str, Any], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        c.fail("spec.ray.worker.tolerations", f"expected a list, got {raw!r}")
+        return ()
+    c.count(raw, "spec.ray.worker.tolerations", fields.MAX_TOLERATIONS)
+    out: list[Mapping[str, Any]] = []
+    for i, item in enumerate(raw):
+        path = f"spec.ray.worker.tolerations[{i}]"
+        tol = c.mapping(item, path)
+        c.known(tol, path, "toleration")
+        for key, most in (("key", fields.MAX_TOLERATION_KEY_LENGTH),
+                          ("value", fields.MAX_LABEL_VALUE_LENGTH)):
+            got = tol.get(key)
+            if got is not None and not isinstance(got, str):
+                c.fail(f"{path}.{key}", f"expected a string, got {got!r}")
+            elif got is not None:
+                c.length(got, f"{path}.{key}", None, most)
+        op = tol.get("operator", "Equal")
+        if op not in fields.TOLERATION_OPERATORS:
+            c.fail(f"{path}.operator", f"expected Exists or Equal, got {op!r}")
+        effect = tol.get("effect")
+        if effect is not None and effect not in fields.TOLERATION_EFFECTS:
+            c.fail(f"{path}.effect", f"expected one of {', '.join(fields.TOLERATION_EFFECTS)}")
+        seconds = tol.get("tolerationSeconds")
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+            c.fail(f"{path}.tolerationSeconds", f"expected an integer, got {seconds!r}")
+        if op == "Exists" and tol.get("value"):
+            c.fail(f"{path}.value", "must be empty when operator is Exists")
+        out.append(dict(tol))
+    return tuple(out)
+
+
+def _parse_node_selector(c: checker.Checker, raw: Any) -> dict[str, str]:
+    path = "spec.ray.worker.nodeSelector"
+    node_selector = c.mapping(raw, path)
+    c.count(node_selector, path, fields.MAX_NODE_SELECTOR)
+    for key, val in node_selector.items():
+        if not isinstance(val, str):
+            c.fail(f"{path}.{key}", f"expected a string, got {val!r}")
+        else:
+            c.length(val, f"{path}.{key}", None, fields.MAX_LABEL_VALUE_LENGTH)
+    return {str(k): str(v) for k, v in node_selector.items()}
+
+
+def _parse_ray(c: checker.Checker, raw: Any) -> model.RaySpec:
+    ray = c.mapping(raw, "spec.ray")
+    c.known(ray, "spec.ray")
+    version = c.string(ray, "spec.ray.version") or fields.DEFAULT_RAY_VERSION
+    if not fields.RAY_VERSION_RE.match(version):
+        c.fail("spec.ray.version", f"expected a Ray release such as 2.60.0, got {version!r}")
+    image = c.string(ray, "spec.ray.image") or ""
+    if any(ch.isspace() for ch in image):
+        c.fail("spec.ray.image", f"an image reference has no whitespace, got {image!r}")
+    head = c.mapping(ray.get("head"), "spec.ray.head")
+    c.known(head, "spec.ray.head")
+    worker = c.mapping(ray.get("worker"), "spec.ray.worker")
+    c.known(worker, "spec.ray.worker")
+    return model.RaySpec(
+        version=version,
+        image=image,
+        head=model.HeadSpec(
+            resources=c.resources(head.get("resources"), "spec.ray.head.resources")),
+        worker=model.WorkerSpec(
+            resources=c.resources(worker.get("resources"), "spec.ray.worker.resources"),
+            envs_per_worker=c.integer(worker, "spec.ray.worker.envsPerWorker"),
+            node_selector=_parse_node_selector(c, worker.get("nodeSelector")),
+            tolerations=_parse_tolerations(c, worker.get("tolerations")),
+        ),
+        runtime_env=dict(c.mapping(ray.get("runtimeEnv"), "spec.ray.runtimeEnv")),
+    )
+
+
+def _parse_fault_tolerance(c: checker.Checker, raw: Any) -> model.FaultTolerance:
+    ft = c.mapping(raw, "spec.faultTolerance")
+    c.known(ft, "spec.faultTolerance")
+    return model.FaultTolerance(
+        restart_failed_envs=c.boolean(ft, "spec.faultTolerance.restartFailedEnvs"),
+        step_timeout_seconds=c.number(ft, "spec.faultTolerance.stepTimeoutSeconds"),
+        max_restarts=c.integer(ft, "spec.faultTolerance.maxRestarts"),
+        restart_backoff_seconds=c.number(ft, "spec.faultTolerance.restartBackoffSeconds"),
+    )
+
+
+def parse_spec(
+    spec: Mapping[str, Any], *, name: str, namespace: str = "default",
+    limits: model.Limits | None = None,
+) -> model.PoolSpec:
+    """Validate an EnvPool's ``spec`` (camelCase, as in the CRD) and fill its defaults.
+
+    Args:
+        spec: the ``spec`` mapping as stored by the API server (or read from YAML).
+        name: the EnvPool's ``metadata.name`` (children are named after it).
+        namespace: the EnvPool's namespace.
+        limits: operator-side bounds, e.g. the most worker pods one pool may ask for.
+
+    Raises:
+        SpecError: with every problem found, each naming the field and what was expected.
+    """
+    limits = limits or model.Limits()
+    c = checker.Checker()
+    if not isinstance(name, str) or not fields.NAME_RE.match(name) \
+            or len(name) > fields.MAX_NAME_LENGTH:
+        c.fail("metadata.name",
+               f"expected a DNS label of at most {fields.MAX_NAME_LENGTH} characters starting "
+               f"with a letter (children are named after it), got {name!r}")
+    spec = c.mapping(spec, "spec")
+    c.known(spec, "spec")
+    env = _parse_env(c, spec.get("env"))
+    replicas = c.integer(spec, "spec.replicas")
+    envs_per_actor = c.integer(spec, "spec.envsPerActor",
+                               min(fields.DEFAULT_ENVS_PER_ACTOR, replicas))
+    if envs_per_actor > replicas:
+        c.fail("spec.envsPerActor", f"must be <= replicas={replicas} (an actor hosts "
+                                    f"envsPerActor of the pool's sub-envs), got {envs_per_actor}")
+    autoreset = c.string(spec, "spec.autoresetMode") or "NextStep"
+    ft = _parse_fault_tolerance(c, spec.get("faultTolerance"))
+    ray = _parse_ray(c, spec.get("ray"))
+    if envs_per_actor > ray.worker.envs_per_worker:
+        c.fail("spec.envsPerActor",
+               f"must be <= ray.worker.envsPerWorker={ray.worker.envs_per_worker} (an actor "
+               f"cannot span worker pods), got {envs_per_actor}")
+    metrics = c.mapping(spec.get("metrics"), "spec.metrics")
+    c.known(metrics, "spec.metrics")
+    port = c.integer(metrics, "spec.metrics.port")
+    if port in fields.RAY_PORTS:
+        c.fail("spec.metrics.port", f"{port} is taken by the Ray head (6379, 8265, 10001)")
+    pool = model.PoolSpec(
+        name=name,
+        namespace=namespace,
+        env=env,
+        replicas=replicas,
+        envs_per_actor=envs_per_actor,
+        threads_per_actor=c.integer(spec, "spec.threadsPerActor"),
+        batch_wait_ms=c.integer(spec, "spec.batchWaitMs"),
+        autoreset_mode=autoreset,
+        fault_tolerance=ft,
+        ray=ray,
+        metrics_port=port,
+        suspend=c.boolean(spec, "spec.suspend"),
+    )
+    if not c.errors and pool.desired_workers > limits.max_workers:
+        c.fail("spec.replicas",
+               f"needs {pool.desired_workers} worker pods ({replicas} envs / "
+               f"{pool.actors_per_worker * envs_per_actor} per worker) but this operator "
+               f"allows at most {limits.max_workers}; raise ray.worker.envsPerWorker or "
+               "lower replicas")
+    if c.errors:
+        raise checker.SpecError(c.errors)
+    return pool
+
+
+def parse_manifest(doc: Mapping[str, Any], *, name: str | None = None) -> model.PoolSpec:
+    """An EnvPool document (``apiVersion``/``kind``/``metadata``/``spec``) or a bare spec.
+
+    A bare spec (no ``spec`` key, e.g. ``{"env": ..., "replicas": 4}``) needs ``name``.
+    ``name`` also overrides ``metadata.name`` when given.
+
+    Raises:
+        SpecError: the document is not an EnvPool or its spec is invalid.
+    """
+    if not isinstance(doc, Mapping):
+        raise checker.SpecError(
+            [f"expected an EnvPool document (a mapping), got {type(doc).__name__}"])
+    if "spec" not in doc:
+        if name is None:
+            raise checker.SpecError(["a bare spec needs a pool name (metadata.name is missing)"])
+        return parse_spec(doc, name=name)
+    errors: list[str] = []
+    kind = doc.get("kind", fields.KIND)
+    if kind != fields.KIND:
+        errors.append(f"kind: expected {fields.KIND}, got {kind!r}")
+    api = doc.get("apiVersion", fields.API_VERSION)
+    if not isinstance(api, str) or not api.startswith(f"{fields.GROUP}/"):
+        errors.append(f"apiVersion: expected {fields.API_VERSION}, got {api!r}")
+    meta = doc.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        errors.append(f"metadata: expected an object, got {meta!r}")
+        meta = {}
+    pool_name = name if name is not None else meta.get("name")
+    if pool_name is None:
+        errors.append("metadata.name: required (the pool's name)")
+    if errors:
+        raise checker.SpecError(errors)
+    return parse_spec(doc["spec"], name=str(pool_name),
+                      namespace=str(meta.get("namespace") or "default"))
+
+
+def loads(text: str, *, name: str | None = None, source: str = "") -> model.PoolSpec:
+    """One EnvPool YAML document (text) -> a :class:`PoolSpec`.
+
+    Raises:
+        SpecError: bad YAML, not one EnvPool, or an invalid spec; prefixed by ``source``.
+    """
+    import yaml
+
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise checker.SpecError([f"invalid YAML: {exc}"], source) from exc
+    if len(docs) != 1:
+        raise checker.SpecError([f"expected one EnvPool document, found {len(docs)}"], source)
+    try:
+        return parse_manifest(docs[0], name=name)
+    except checker.SpecError as exc:
+        raise checker.SpecError(exc.errors, source) from None
+
+
+def load(path: str | Path, *, name: str | None = None) -> model.PoolSpec:
+    """Read an EnvPool YAML file (one document) into a :class:`PoolSpec`.
+
+    Raises:
+        SpecError: unreadable file, bad YAML, not an EnvPool, or an invalid spec;
+            the message starts with the path.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise checker.SpecError([f"cannot read: {exc.strerror or exc}"], str(path)) from exc
+    return loads(text, name=name, source=str(path))

@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from copy import deepcopy
-from typing import Any
+from typing import Any, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -38,6 +38,7 @@ from remote_env.metrics import PoolMetrics
 _ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 DEFAULT_BATCH_WAIT_MS = 2.0
 TRANSPORTS = ("auto", "ray")
+_E = TypeVar("_E", bound="RemoteVectorEnv")
 
 
 class _State(enum.Enum):
@@ -270,14 +271,29 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         """The Ray actor class hosting sub-envs (for ``existing_actors``)."""
         return _remote_host()
 
+    @classmethod
+    def from_actors(cls: type[_E], actors: Sequence[Any], *, sizes: Sequence[int] | None = None,
+                    **kwargs: Any) -> _E:
+        """A vector env over started host actors someone else owns (a pool's, say).
+
+        No make-env callables are needed: the actors already hold their envs.
+        ``sizes`` are their env counts when known (else each is asked); pass an
+        ``actor_replacer`` so a failed actor is replaced by its owner, since this env
+        cannot rebuild it. Other keywords are :class:`RemoteVectorEnv`'s.
+        """
+        if sizes is None:
+            ray = _ensure_ray(kwargs.get("address"))
+            sizes = [int(d["num_envs"]) for d in ray.get([a.describe.remote() for a in actors])]
+        return cls([_NotOurs()] * sum(sizes), existing_actors=actors, **kwargs)
+
     @staticmethod
     def from_pool(name: str, **kwargs: Any) -> RemoteVectorEnv:
-        """Attach to the running pool ``name`` (see :func:`remote_env.attach.attach`).
+        """Attach to the running pool ``name`` (see :func:`remote_env.pool.attach.attach`).
 
         Example:
             >>> envs = RemoteVectorEnv.from_pool("cartpole", num_envs=16)  # doctest: +SKIP
         """
-        from remote_env.attach import attach
+        from remote_env.pool.attach import attach
 
         return attach(name, **kwargs)
 
@@ -1063,6 +1079,14 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
 
 # ----------------------------------------------------------------- helpers
+class _NotOurs:
+    """The make-env callable of envs in actors from :meth:`RemoteVectorEnv.from_actors`."""
+
+    def __call__(self) -> Any:
+        raise RuntimeError("this env lives in an actor given to RemoteVectorEnv.from_actors; "
+                           "it is rebuilt by that actor's owner (actor_replacer), not here")
+
+
 class _ReturnHandle:
     """A make-env callable returning an existing env actor (picklable)."""
 

@@ -22,8 +22,8 @@ import gymnasium as gym
 import ray
 
 from remote_env import spec
-from remote_env.attach import attach
-from remote_env.pool_server import PoolServer
+from remote_env.pool.attach import attach
+from remote_env.pool.server import PoolServer
 from remote_env.vector import RemoteVectorEnv
 
 

@@ -1,6 +1,6 @@
 """``envpool serve`` reports to its EnvPool's ``status.pool`` on the real API server.
 
-The pool server runs as a subprocess (``python -m remote_env.serve_cli``) exactly
+The pool server runs as a subprocess (``python -m remote_env.cli.serve``) exactly
 as the head pod's sidecar would: the config file is the operator's ConfigMap
 document, ``ENVPOOL_POOL_NAMESPACE``/``ENVPOOL_POOL_NAME`` are set, and its only
 credential is a token of the ServiceAccount the operator's builders create
@@ -98,7 +98,7 @@ def test_serve_patches_only_its_own_envpool_status(
                ENVPOOL_POOL_NAME="reported")
     log = tmp_path / "serve.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "remote_env.serve_cli", "--config", str(config),
+        [sys.executable, "-m", "remote_env.cli.serve", "--config", str(config),
          "--address", local_ray, "--http-port", str(_free_port()), "--health-interval", "0.3",
          "--destroy-on-exit"],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, cwd=REPO,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_env import bench
+from remote_env.cli import bench
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -31,9 +31,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray.cluster_utils import Cluster
 from ray_checks import wait_for
 
-from remote_env import pool_registry, spec
-from remote_env.attach import PoolNotFoundError, attach
-from remote_env.pool_server import PoolServer
+from remote_env import spec
+from remote_env.pool import registry as pool_registry
+from remote_env.pool.attach import PoolNotFoundError, attach
+from remote_env.pool.server import PoolServer
 from remote_env.spec import ENV_RESOURCE
 
 HERE = Path(__file__).resolve().parent
@@ -216,7 +217,7 @@ def test_leases_are_disjoint_expire_with_their_trainer_and_show_over_http(
         proc = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(f"""
                 import time
-                from remote_env.attach import attach
+                from remote_env.pool.attach import attach
                 envs = attach("lease", address={cluster.address!r}, num_envs=2,
                               lease_timeout_s=3, trainer="doomed")
                 print("leased", envs.slots, flush=True)
@@ -305,7 +306,7 @@ def _free_port() -> int:
 
 def _start_serve(config: Path, address: str, port: int, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "remote_env.serve_cli", "--config", str(config),
+        [sys.executable, "-m", "remote_env.cli.serve", "--config", str(config),
          "--address", address, "--http-port", str(port), "--health-interval", "0.3"],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT,
     )
@@ -390,7 +391,7 @@ def test_a_frozen_trainer_that_lost_its_lease_is_told_so(cluster: Cluster, tmp_p
             import sys
             import time
             import numpy as np
-            from remote_env.attach import attach
+            from remote_env.pool.attach import attach
             envs = attach("stall", address={cluster.address!r}, lease_timeout_s=1.0,
                           trainer="frozen", wait_s=60)
             envs.reset(seed=0)

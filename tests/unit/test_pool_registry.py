@@ -1,4 +1,4 @@
-"""remote_env.pool_registry in-process, with a fake clock: leases and replacements."""
+"""remote_env.pool.registry in-process, with a fake clock: leases and replacements."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from remote_env.pool_registry import LeaseError, PoolRegistry, SlotInfo
+from remote_env.pool.registry import LeaseError, PoolRegistry, SlotInfo
 
 
 class Clock:
@@ -24,7 +24,7 @@ def _slots(*sizes: int, state: str = "ready") -> list[SlotInfo]:
 def _registry(*sizes: int) -> tuple[PoolRegistry, Clock]:
     clock = Clock()
     reg = PoolRegistry("p", clock=clock)
-    reg.server_sync(_slots(*sizes), {"autoreset_mode": "NextStep"}, timeout=0)
+    reg.server_sync(_slots(*sizes), {"signature": "s"}, timeout=0)
     return reg, clock
 
 
@@ -35,7 +35,7 @@ def test_leases_are_disjoint_and_whole_actors() -> None:
     got_a = {s.slot for s in a["slots"]}
     got_b = {s.slot for s in b["slots"]}
     assert got_a.isdisjoint(got_b) and got_a | got_b == {0, 1, 2}
-    assert a["pool_info"] == {"autoreset_mode": "NextStep"}
+    assert a["pool_info"] == {"signature": "s"}
     with pytest.raises(LeaseError, match=r"cannot lease num_envs=1: 0 free \(6 leased\)"):
         reg.acquire("c", 1, ttl_s=10)
     assert reg.release(a["lease_id"]) and not reg.release(a["lease_id"])

@@ -11,10 +11,10 @@ The config file is re-read when it changes (a ConfigMap update, or SIGHUP), so
 Ctrl-C stop the server and leave the env actors running for the next one, unless
 ``--destroy-on-exit``.
 
-Wiring (``remote_env/cli.py``)::
+Wiring (``remote_env/cli/__init__.py``)::
 
-    from remote_env import serve_cli
-    serve_cli.add_serve_parser(sub)   # sets fn=serve_cli.serve
+    from remote_env.cli import serve
+    serve.add_serve_parser(sub)   # sets fn=serve.serve
 """
 
 from __future__ import annotations
@@ -25,17 +25,12 @@ import os
 import signal
 import sys
 import threading
-import time
-from pathlib import Path
 from typing import Any
 
 from remote_env import spec as spec_mod
+from remote_env.pool import spec_source
 
 log = logging.getLogger("remote_env.serve")
-
-#: Seconds between checks of the config file for changes.
-CONFIG_POLL_S = 2.0
-
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``serve`` subcommand to an ``argparse`` subparsers object."""
@@ -76,45 +71,12 @@ def _http_addr(args: argparse.Namespace) -> str:
     return "0.0.0.0" if os.environ.get("KUBERNETES_SERVICE_HOST") else "127.0.0.1"
 
 
-class _ConfigWatcher:
-    """Re-reads the config file when its content changes (ConfigMaps swap a symlink)."""
-
-    def __init__(self, path: str, name: str) -> None:
-        self.path = path
-        self.name = name
-        self._text = self._read()
-        self._checked = time.monotonic()
-        self.reload_now = threading.Event()
-
-    def _read(self) -> str | None:
-        try:
-            return Path(self.path).read_text()
-        except OSError:
-            return None
-
-    def poll(self) -> spec_mod.PoolSpec | None:
-        """The new spec if the file changed since the last poll, else None.
-
-        Raises:
-            spec_mod.SpecError: the changed file is invalid.
-        """
-        if not self.reload_now.is_set() and time.monotonic() - self._checked < CONFIG_POLL_S:
-            return None
-        self.reload_now.clear()
-        self._checked = time.monotonic()
-        text = self._read()
-        if text is None or text == self._text:
-            return None
-        self._text = text
-        return spec_mod.load(self.path)
-
-
 def serve(args: argparse.Namespace) -> int:
     """Run the pool server until SIGTERM/SIGINT; returns the exit code."""
     import ray
 
-    from remote_env.pool_server import PoolServer
-    from remote_env.pool_status import KubeStatusReporter
+    from remote_env.pool.kube_report import KubeStatusReporter
+    from remote_env.pool.server import PoolServer
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -132,7 +94,7 @@ def serve(args: argparse.Namespace) -> int:
     ray.init(address=address, namespace=namespace)
 
     stop = threading.Event()
-    watcher = _ConfigWatcher(args.config, spec.name)
+    watcher = spec_source.ConfigFile(args.config)
 
     def _stop(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)
@@ -188,7 +150,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m remote_env.serve_cli`` (same as ``envpool serve``)."""
+    """``python -m remote_env.cli.serve`` (same as ``envpool serve``)."""
     parser = argparse.ArgumentParser(prog="envpool")
     add_serve_parser(parser.add_subparsers(dest="cmd", required=True))
     args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])

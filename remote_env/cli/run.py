@@ -1,9 +1,9 @@
-"""``envpool`` command line.
+"""``envpool run``: the main job on a laptop.
 
-* ``envpool run``: the main job: a local pool on an embedded Ray, stepped by a
-  random-action driver through :class:`RemoteVectorEnv` (dynamic batching), with a
-  live progress line and ``/metrics``.
-* ``envpool operator``: the Kubernetes operator (``envpool_operator.cli``).
+An embedded local Ray, a pool (``--env``/``--entrypoint``: a :class:`RemoteVectorEnv`
+owned by this process; ``-f pool.yaml``: that EnvPool's pool server and a trainer
+attached to it) and a random-action driver through ``send``/``recv`` (dynamic
+batching), with a live progress line and ``/metrics``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import importlib
 import sys
 import time
 from typing import Any
@@ -19,7 +18,65 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from remote_env import entrypoints, errors, serve_cli
+from remote_env import entrypoints, errors
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``run`` subcommand to an ``argparse`` subparsers object."""
+    p = sub.add_parser(
+        "run", help="step a local pool on an embedded Ray with random actions",
+        description="The main job on a laptop: an embedded local Ray, a pool of env actors "
+        "and a random-action driver (dynamic batching), with progress and /metrics.",
+    )
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("-f", "--file", metavar="POOL_YAML",
+                      help="an EnvPool manifest: run its pool server and a random trainer")
+    what.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default %(default)s)")
+    what.add_argument("--entrypoint", help="make-env callable 'package.module:callable'")
+    p.add_argument("--env-kwarg", dest="env_kwargs", type=_kv, action="append", default=[],
+                   metavar="KEY=VALUE", help="keyword for the env (YAML value); repeatable")
+    p.add_argument("--num-envs", type=int, default=16, help="sub-envs in the pool (default %(default)s)")
+    p.add_argument("--envs-per-actor", type=int, default=8,
+                   help="sub-envs per Ray actor; one call steps them all (default %(default)s)")
+    p.add_argument("--threads-per-actor", type=int, default=1,
+                   help="threads stepping each actor's envs, for envs that block on I/O "
+                   "(envs with async astep/areset need none) (default %(default)s)")
+    p.add_argument("--transport", choices=("auto", "ray"), default="auto",
+                   help="auto: Unix socket to actors on this node, Ray calls to others; "
+                   "ray: Ray calls only (default %(default)s)")
+    p.add_argument("--batch-wait-ms", type=float, default=2.0,
+                   help="how long recv() waits for more ready envs (default %(default)s)")
+    p.add_argument("--seconds", type=float, default=30.0, help="how long to run (Ctrl-C stops early)")
+    p.add_argument("--seed", type=int, default=0, help="reset seed of env 0 (env i: seed+i)")
+    p.add_argument("--num-cpus", type=int, default=2, help="CPUs of the embedded Ray")
+    p.add_argument("--no-restart", action="store_true", help="raise on the first env failure")
+    p.add_argument("--max-restarts", type=int, default=1000)
+    p.add_argument("--step-timeout", type=float, default=None, metavar="SECONDS",
+                   help="replace an actor that does not answer within this")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus /metrics on this port (0 = any free port)")
+    p.add_argument("--metrics-addr", default="127.0.0.1",
+                   help="address for /metrics (default loopback: nothing exposed)")
+    p.add_argument("--pool", default="local", help="pool label of the metrics")
+    p.set_defaults(fn=run)
+
+
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad arguments before Ray starts, with the parser's usage message."""
+    for name in ("num_envs", "envs_per_actor", "threads_per_actor"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.seconds <= 0:
+        parser.error(f"--seconds must be > 0, got {args.seconds}")
+    try:
+        if args.file:
+            from remote_env import spec
+
+            spec.load(args.file)
+        else:
+            _env_fn(args)
+    except (ValueError, OSError, gym.error.Error) as exc:
+        parser.error(str(exc))
 
 
 def _env_fn(args: argparse.Namespace) -> Any:
@@ -93,9 +150,9 @@ def _open_envs(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
 def _open_pool(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
     """``-f pool.yaml``: the pool server of that EnvPool and a trainer attached to it."""
     from remote_env import spec as spec_mod
-    from remote_env.attach import attach
     from remote_env.metrics import PoolMetrics
-    from remote_env.pool_server import PoolServer
+    from remote_env.pool.attach import attach
+    from remote_env.pool.server import PoolServer
 
     spec = spec_mod.load(args.file)
     port = args.metrics_port if args.metrics_port is not None else spec.metrics_port
@@ -160,83 +217,3 @@ def _progress(envs: Any, elapsed: float, steps: int, episodes: int) -> str:
     return (f"{elapsed:6.1f}s  {steps / elapsed:9.0f} steps/s  episodes {episodes}  "
             f"failures {t['failures']:.0f}  restarts {t['env_restarts']:.0f} env / "
             f"{t['actor_restarts']:.0f} actor")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="envpool", description="Remote gymnasium vector envs on Ray, run on Kubernetes."
-    )
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    p = sub.add_parser(
-        "run", help="step a local pool on an embedded Ray with random actions",
-        description="The main job on a laptop: an embedded local Ray, a pool of env actors "
-        "and a random-action driver (dynamic batching), with progress and /metrics.",
-    )
-    what = p.add_mutually_exclusive_group()
-    what.add_argument("-f", "--file", metavar="POOL_YAML",
-                      help="an EnvPool manifest: run its pool server and a random trainer")
-    what.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default %(default)s)")
-    what.add_argument("--entrypoint", help="make-env callable 'package.module:callable'")
-    p.add_argument("--env-kwarg", dest="env_kwargs", type=_kv, action="append", default=[],
-                   metavar="KEY=VALUE", help="keyword for the env (YAML value); repeatable")
-    p.add_argument("--num-envs", type=int, default=16, help="sub-envs in the pool (default %(default)s)")
-    p.add_argument("--envs-per-actor", type=int, default=8,
-                   help="sub-envs per Ray actor; one call steps them all (default %(default)s)")
-    p.add_argument("--threads-per-actor", type=int, default=1,
-                   help="threads stepping each actor's envs, for envs that block on I/O "
-                   "(envs with async astep/areset need none) (default %(default)s)")
-    p.add_argument("--transport", choices=("auto", "ray"), default="auto",
-                   help="auto: Unix socket to actors on this node, Ray calls to others; "
-                   "ray: Ray calls only (default %(default)s)")
-    p.add_argument("--batch-wait-ms", type=float, default=2.0,
-                   help="how long recv() waits for more ready envs (default %(default)s)")
-    p.add_argument("--seconds", type=float, default=30.0, help="how long to run (Ctrl-C stops early)")
-    p.add_argument("--seed", type=int, default=0, help="reset seed of env 0 (env i: seed+i)")
-    p.add_argument("--num-cpus", type=int, default=2, help="CPUs of the embedded Ray")
-    p.add_argument("--no-restart", action="store_true", help="raise on the first env failure")
-    p.add_argument("--max-restarts", type=int, default=1000)
-    p.add_argument("--step-timeout", type=float, default=None, metavar="SECONDS",
-                   help="replace an actor that does not answer within this")
-    p.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus /metrics on this port (0 = any free port)")
-    p.add_argument("--metrics-addr", default="127.0.0.1",
-                   help="address for /metrics (default loopback: nothing exposed)")
-    p.add_argument("--pool", default="local", help="pool label of the metrics")
-    p.set_defaults(fn=run)
-    serve_cli.add_serve_parser(sub)
-    from remote_env import bench
-
-    bench.add_parser(sub)
-    sub.add_parser("operator", help="run the Kubernetes operator (envpool operator --help)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["operator"]:
-        # The operator owns its flags; imported lazily so remote_env has no
-        # import-time dependency on it (layering: remote_env never imports the operator).
-        op_cli: Any = importlib.import_module("envpool_operator.cli")
-        return int(op_cli.main(argv[1:]))
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.cmd == "run":
-        for name in ("num_envs", "envs_per_actor", "threads_per_actor"):
-            if getattr(args, name) < 1:
-                parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-        if args.seconds <= 0:
-            parser.error(f"--seconds must be > 0, got {args.seconds}")
-        try:
-            if args.file:
-                from remote_env import spec
-
-                spec.load(args.file)
-            else:
-                _env_fn(args)
-        except (ValueError, OSError, gym.error.Error) as exc:
-            parser.error(str(exc))
-    return int(args.fn(args))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -26,9 +26,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from remote_env import errors, pool_registry
-from remote_env.entrypoints import EnvFactory
-from remote_env.spec import ray_namespace
+from remote_env import errors
+from remote_env import spec as spec_mod
+from remote_env.pool import registry as pool_registry
 from remote_env.vector import RemoteVectorEnv
 
 log = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ def attach(
     if not ray.is_initialized():
         # log_to_driver=False made every actor call ~7x slower here (Ray 2.60)
         ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto")
-    ns = namespace or ray_namespace(name)
+    ns = namespace or spec_mod.ray_namespace(name)
     try:
         registry = pool_registry.get_registry(ns)
     except ValueError:
@@ -286,9 +286,9 @@ def _build(name: str, ns: str, registry: Any, lease: dict[str, Any], keeper: _Le
            replace_timeout_s: float, kwargs: dict[str, Any]) -> PoolVectorEnv:
     import ray
 
-    info = lease["pool_info"]
+    pool = spec_mod.parse_manifest(lease["pool_info"]["document"])
     slots: list[pool_registry.SlotInfo] = lease["slots"]
-    mode = info.get("autoreset_mode", "NextStep")
+    mode = pool.autoreset_mode
     asked = kwargs.pop("autoreset_mode", mode)
     if str(getattr(asked, "value", asked)) != mode:
         raise ValueError(f"pool {name!r} runs autoreset_mode={mode} (its actors autoreset); "
@@ -301,19 +301,18 @@ def _build(name: str, ns: str, registry: Any, lease: dict[str, Any], keeper: _Le
         n += s.num_envs
     replacer = _PoolReplacer(registry, ns, {s.actor_id: s.slot for s in slots}, first_env,
                              replace_timeout_s)
-    env = info.get("env", {})
-    factory = EnvFactory(env.get("id"), env.get("entrypoint"), dict(env.get("kwargs") or {}))
+    ft = pool.fault_tolerance
     options: dict[str, Any] = {
-        "batch_wait_ms": info.get("batch_wait_ms", 2),
-        "restart_failed_sub_environments": info.get("restart_failed_envs", True),
-        "step_timeout_s": info.get("step_timeout_s"),
-        "max_restarts": info.get("max_restarts", 10),
+        "batch_wait_ms": pool.batch_wait_ms,
+        "restart_failed_sub_environments": ft.restart_failed_envs,
+        "step_timeout_s": ft.step_timeout,
+        "max_restarts": ft.max_restarts,
         # the pool server backs off between restarts; no second backoff here
         "restart_backoff_s": 0.0,
         "pool": name,
         **kwargs,
     }
-    envs = PoolVectorEnv([factory] * n, existing_actors=handles, actor_replacer=replacer,
-                         autoreset_mode=mode, **options)
+    envs = PoolVectorEnv.from_actors(handles, sizes=[s.num_envs for s in slots],
+                                     actor_replacer=replacer, autoreset_mode=mode, **options)
     envs._attach_lease(name, keeper)
     return envs

@@ -1,0 +1,44 @@
+"""``envpool`` command line: one entry point, a module per subcommand.
+
+* ``envpool run`` (:mod:`remote_env.cli.run`): the main job: a local pool on an
+  embedded Ray, stepped by a random-action driver, with progress and ``/metrics``.
+* ``envpool serve`` (:mod:`remote_env.cli.serve`): the pool server of one EnvPool.
+* ``envpool bench`` (:mod:`remote_env.cli.bench`): remote_env against its peers.
+* ``envpool operator``: the Kubernetes operator (``envpool_operator.cli``). The one
+  place remote_env reaches the operator; declared in the import contracts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from remote_env.cli import bench, serve
+from remote_env.cli import run as run_cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="envpool", description="Remote gymnasium vector envs on Ray, run on Kubernetes."
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    run_cmd.add_parser(sub)
+    serve.add_serve_parser(sub)
+    bench.add_parser(sub)
+    sub.add_parser("operator", help="run the Kubernetes operator (envpool operator --help)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["operator"]:
+        # The operator owns its flags. Imported here, not at the top, so the other
+        # commands do not load kopf; the import contract names this exception.
+        from envpool_operator import cli as operator_cli
+
+        return int(operator_cli.main(argv[1:]))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd == "run":
+        run_cmd.check(parser, args)
+    return int(args.fn(args))

@@ -1,0 +1,365 @@
+"""The pool's env actors: created, adopted, pinged, replaced and scaled.
+
+:class:`ActorSet` owns the slots (one env actor position each) and what happens to
+their actors; :class:`~remote_env.pool.server.PoolServer` drives it once a tick and
+publishes what it holds. Failures are retried with :func:`remote_env.restarts.backoff`
+and counted under :class:`remote_env.restarts.CrashLoop`'s rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+from remote_env import entrypoints
+from remote_env import spec as spec_mod
+from remote_env.metrics import FAILURE_REASONS, PoolMetrics
+from remote_env.pool import registry as registry_mod
+from remote_env.pool.slot import HOST_NAME_RE, Slot, first_line, kill, node_id, signature
+
+log = logging.getLogger("remote_env.pool.server")
+
+#: Ray's marker resource of the head node.
+HEAD_RESOURCE: Final = "node:__internal_head__"
+#: An actor that stayed healthy this long starts its failure count afresh.
+HEALTHY_RESET_S: Final = 60.0
+MAX_BACKOFF_S: Final = 60.0
+#: Without hang detection, an actor Ray calls unavailable this long is dead.
+UNAVAILABLE_DEAD_S: Final = 60.0
+
+
+class ActorSet:
+    """One pool's env actors in Ray namespace ``ray_namespace``.
+
+    ``dirty`` says the layout changed since :class:`PoolServer` last published it.
+    """
+
+    def __init__(self, spec: spec_mod.PoolSpec, *, ray_namespace: str, metrics: PoolMetrics,
+                 health_interval_s: float, actor_options: Mapping[str, Any]) -> None:
+        self.spec = spec
+        self.ray_namespace = ray_namespace
+        self.metrics = metrics
+        self.health_interval_s = health_interval_s
+        self._actor_options = dict(actor_options)
+        self.slots: dict[int, Slot] = {}
+        self.dirty = True
+        self.last_error = ""
+        self._env_resource: tuple[float, bool] = (0.0, False)
+
+    def layout(self) -> list[registry_mod.SlotInfo]:
+        return [s.info() for s in sorted(self.slots.values(), key=lambda x: x.slot)]
+
+    def supervise(self, now: float, leased: Mapping[int, str]) -> None:
+        """One pass: starts, pings, backoffs, then scaling to ``spec.desired_envs``."""
+        self._check_starts(now)
+        self._check_pings(now)
+        self._send_pings(now)
+        self._retry_backoffs(now)
+        self.scale(now, leased)
+
+    def reported(self, slot: int, actor_id: str, reason: str, now: float) -> None:
+        """A trainer saw actor ``actor_id`` of ``slot`` fail: replace it (once)."""
+        s = self.slots.get(slot)
+        if s is not None and s.actor_id == actor_id and s.state == "ready":
+            why = "no answer within the trainer's step timeout" if reason == "timeout" \
+                else "a trainer's call to it failed"
+            self.fail(s, reason if reason in FAILURE_REASONS else "actor_died", why, now)
+
+    def respec(self, spec: spec_mod.PoolSpec, now: float) -> None:
+        """Run ``spec`` from now on: new actors if they are built differently."""
+        old, self.spec = self.spec, spec
+        if signature(old) != signature(spec):
+            log.info("pool %s: env or actor settings changed: replacing every actor", spec.name)
+            for s in self.slots.values():
+                s.failures = 0
+                self.relaunch(s, after_failure=False)
+        for s in self.slots.values():
+            if s.state == "failed":  # a new spec is the user's retry
+                s.failures = 0
+                s.retry_at = now
+                s.state = "backoff"
+        self.dirty = True
+
+    def kill_all(self) -> None:
+        for s in self.slots.values():
+            kill(s.handle)
+        self.slots.clear()
+
+    def adopt(self, layout: Mapping[str, Any]) -> None:
+        """Take over the actors a previous pool server left in the namespace."""
+        import ray
+
+        known = {s.slot: s for s in layout.get("slots", [])}
+        latest: dict[int, int] = {}
+        names: list[tuple[int, int, str]] = []
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            if entry["namespace"] != self.ray_namespace:
+                continue
+            m = HOST_NAME_RE.match(entry["name"])
+            if m:
+                slot, gen = int(m.group(1)), int(m.group(2))
+                names.append((slot, gen, entry["name"]))
+                latest[slot] = max(gen, latest.get(slot, -1))
+        # Rebuild only actors known to be built from another spec; a registry that lost
+        # its record (restarted with the head) cannot tell, so they are kept.
+        built_from = layout.get("pool_info", {}).get("signature")
+        same_build = built_from is None or built_from == signature(self.spec)
+        for slot, gen, name in names:
+            try:
+                handle = ray.get_actor(name, namespace=self.ray_namespace)
+            except ValueError:  # died meanwhile
+                continue
+            if gen != latest[slot]:
+                kill(handle)  # an older generation a crashed server did not finish replacing
+                continue
+            prev = known.get(slot)
+            s = Slot(slot, prev.num_envs if prev else self.spec.envs_per_actor, gen,
+                      restarts=prev.restarts if prev else 0)
+            s.handle = handle
+            s.actor_id = handle._actor_id.hex()
+            s.node_id = prev.node_id if prev else ""
+            s.size_known = prev is not None
+            # start() is idempotent: it answers with the description of a started host
+            s.start_ref = handle.start.remote()
+            self.slots[slot] = s
+            if not same_build:
+                self.relaunch(s, after_failure=False)
+        if self.slots:
+            log.info("pool %s: adopted %d actors (%d envs) from namespace %s%s", self.spec.name,
+                     len(self.slots), sum(s.num_envs for s in self.slots.values()),
+                     self.ray_namespace, "" if same_build else "; rebuilding them: spec changed")
+
+
+    def _check_starts(self, now: float) -> None:
+        import ray
+
+        starting = {s.start_ref: s for s in self.slots.values()
+                    if s.state == "starting" and s.start_ref is not None}
+        if not starting:
+            return
+        ready, _ = ray.wait(list(starting), num_returns=len(starting), timeout=0)
+        for ref in ready:
+            s = starting[ref]
+            s.start_ref = None
+            try:
+                info = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                self.fail(s, "actor_died", first_line(exc), now)
+                continue
+            except ray.exceptions.RayError as exc:
+                self.fail(s, "exception", first_line(exc), now)
+                continue
+            permanent = [f for f in info.get("failures", []) if f.permanent]
+            if permanent:
+                f = permanent[0]
+                log.warning("pool %s: %s: sub-env %d failed to start: %s\n%s", self.spec.name,
+                            s.name, f.index, f.message, f.traceback)
+                self.fail(s, "exception", f"sub-env {f.index}: {f.message}", now)
+                continue
+            s.num_envs = int(info["num_envs"])
+            s.size_known = True
+            try:
+                s.node_id = ray.get(s.handle.__ray_call__.remote(node_id), timeout=10)
+            except Exception:  # only informational
+                s.node_id = ""
+            s.state = "ready"
+            s.ready_since = now
+            s.silent_since = None
+            s.last_error = ""
+            self.dirty = True
+            if s.after_failure:
+                self.metrics.actor_restarts.inc()
+                self.metrics.env_restarts.inc(s.num_envs)
+                s.after_failure = False
+
+
+    def _check_pings(self, now: float) -> None:
+        import ray
+
+        pinged = {s.ping_ref: s for s in self.slots.values()
+                  if s.state == "ready" and s.ping_ref is not None}
+        if pinged:
+            ready, _ = ray.wait(list(pinged), num_returns=len(pinged), timeout=0)
+            for ref in ready:
+                s = pinged[ref]
+                s.ping_ref = None
+                try:
+                    ray.get(ref)
+                    s.silent_since = None
+                except ray.exceptions.ActorUnavailableError:
+                    pass  # maybe transient (network); the silence timer keeps running
+                except ray.exceptions.RayActorError as exc:
+                    self.fail(s, "actor_died", first_line(exc), now)
+        timeout = self.spec.fault_tolerance.step_timeout
+        for s in list(self.slots.values()):
+            if s.state != "ready" or s.silent_since is None:
+                continue
+            silent = now - s.silent_since
+            if timeout is not None and silent > timeout:
+                self.fail(s, "timeout", f"no answer to a health ping within "
+                                         f"stepTimeoutSeconds={timeout:g}", now)
+            elif timeout is None and silent > UNAVAILABLE_DEAD_S and s.ping_ref is None:
+                self.fail(s, "actor_died", f"unreachable for {silent:.0f}s", now)
+
+
+    def _send_pings(self, now: float) -> None:
+        for s in self.slots.values():
+            if s.state == "ready" and s.ping_ref is None \
+                    and now - s.ping_sent >= self.health_interval_s:
+                s.ping_ref = s.handle.ping.remote()
+                s.ping_sent = now
+                if s.silent_since is None:
+                    s.silent_since = now
+
+
+    def _retry_backoffs(self, now: float) -> None:
+        for s in self.slots.values():
+            if s.state == "backoff" and now >= s.retry_at:
+                self._launch(s)
+
+
+    def fail(self, s: Slot, reason: str, message: str, now: float) -> None:
+        """``s``'s actor failed: kill it and restart it (backoff), or give up."""
+        ft = self.spec.fault_tolerance
+        self.metrics.failures[reason].inc(s.num_envs)
+        kill(s.handle)
+        s.ping_ref = s.start_ref = None
+        s.silent_since = None
+        if s.state == "ready" and now - s.ready_since >= HEALTHY_RESET_S:
+            s.failures = 0
+        s.failures += 1
+        s.last_error = f"{s.name}: {reason}: {message}"
+        self.last_error = s.last_error
+        self.dirty = True
+        if not ft.restart_failed_envs or s.failures > ft.max_restarts:
+            s.state = "failed"
+            why = ("faultTolerance.restartFailedEnvs is false" if not ft.restart_failed_envs
+                   else f"{s.failures} failures in a row (maxRestarts={ft.max_restarts})")
+            s.last_error += f"; not restarted: {why}"
+            self.last_error = s.last_error
+            log.error("pool %s: %s", self.spec.name, s.last_error)
+            return
+        delay = min(ft.restart_backoff_seconds * 2 ** (s.failures - 1), MAX_BACKOFF_S) \
+            if ft.restart_backoff_seconds > 0 else 0.0
+        log.warning("pool %s: %s; restarting its %d envs in %.1fs", self.spec.name,
+                    s.last_error, s.num_envs, delay)
+        s.after_failure = True
+        s.restarts += 1
+        s.state = "backoff"
+        s.retry_at = now + delay
+        if delay == 0:
+            self._launch(s)
+
+
+    def relaunch(self, s: Slot, *, after_failure: bool) -> None:
+        kill(s.handle)
+        s.ping_ref = s.start_ref = None
+        s.silent_since = None
+        s.after_failure = after_failure
+        self._launch(s)
+
+
+    def _launch(self, s: Slot) -> None:
+        """Create ``s``'s next-generation actor and send it ``start()``."""
+        from remote_env.vector import RemoteVectorEnv
+
+        spec = self.spec
+        ft = spec.fault_tolerance
+        options: dict[str, Any] = {
+            "namespace": self.ray_namespace,
+            "lifetime": "detached",
+            "max_concurrency": 1,
+            "max_restarts": 0,  # restarts are ours: Ray's would come back un-started
+        }
+        if spec.ray.runtime_env:
+            options["runtime_env"] = dict(spec.ray.runtime_env)
+        if self._has_env_resource():
+            # The env units are the placement; num_cpus=0 because Ray holds 1 CPU per
+            # actor for its lifetime once any resource is named, which would cap a
+            # worker pod at one actor per CPU instead of envsPerWorker envs.
+            options["resources"] = {spec_mod.ENV_RESOURCE: s.num_envs}
+            options["num_cpus"] = 0
+        options.update(self._actor_options)
+        kwargs: dict[str, Any] = {
+            "autoreset_mode": spec.autoreset_mode,
+            "threads": spec.threads_per_actor,
+            "restart_failed": ft.restart_failed_envs,
+            "max_restarts": ft.max_restarts,
+            "restart_backoff_s": ft.restart_backoff_seconds,
+            "multi_agent_hint": True if spec.env.multi_agent else None,
+        }
+        if s.after_failure:
+            # Fresh envs must be reset before stepping; NEXT_STEP does it on the next step.
+            kwargs["restart_seeds"] = [None] * s.num_envs
+            kwargs["restarts"] = [s.restarts] * s.num_envs
+        host_cls = RemoteVectorEnv.host_class()
+        factory = entrypoints.EnvFactory.from_spec(spec.env)
+        for _ in range(3):
+            s.generation += 1
+            try:
+                s.handle = host_cls.options(name=s.name, **options).remote(
+                    [factory] * s.num_envs, **kwargs)
+                break
+            except ValueError as exc:  # the name is taken: a stale actor; skip a generation
+                log.warning("pool %s: %s", spec.name, exc)
+        else:
+            raise RuntimeError(f"pool {spec.name}: cannot name a new actor for slot {s.slot}")
+        s.actor_id = s.handle._actor_id.hex()
+        s.start_ref = s.handle.start.remote()
+        s.state = "starting"
+        s.node_id = ""
+        self.dirty = True
+
+
+    def _has_env_resource(self) -> bool:
+        import ray
+
+        checked, has = self._env_resource
+        if time.monotonic() - checked > 5.0:
+            has = spec_mod.ENV_RESOURCE in ray.cluster_resources()  # type: ignore[no-untyped-call]
+            self._env_resource = (time.monotonic(), has)
+        return has
+
+
+    def scale(self, now: float, leased: Mapping[int, str]) -> None:
+        """Add or remove actors until the pool holds ``desired_envs`` envs."""
+        if not all(s.size_known for s in self.slots.values()):
+            return  # adopted actors still to report how many envs they hold
+        desired = self.spec.desired_envs
+        total = sum(s.num_envs for s in self.slots.values())
+        if total < desired:
+            slot = max(self.slots, default=-1) + 1
+            while total < desired:
+                n = min(self.spec.envs_per_actor, desired - total)
+                s = Slot(slot, n)
+                self.slots[slot] = s
+                self._launch(s)
+                total += n
+                slot += 1
+            log.info("pool %s: scaled up to %d envs in %d actors", self.spec.name, total,
+                     len(self.slots))
+        elif total > desired:
+            excess = total - desired
+            # un-leased first, then the newest
+            order = sorted(self.slots.values(),
+                           key=lambda s: (s.slot in leased, -s.slot))
+            for s in order:
+                if excess == 0:
+                    break
+                if s.num_envs <= excess:
+                    kill(s.handle)
+                    del self.slots[s.slot]
+                    excess -= s.num_envs
+                    if s.slot in leased:
+                        log.warning("pool %s: scaled away %s, leased by %s", self.spec.name,
+                                    s.name, leased[s.slot])
+            if excess:
+                # no whole actor fits the excess: rebuild one with fewer envs
+                s = next(s for s in order if s.slot in self.slots and s.num_envs > excess)
+                s.num_envs -= excess
+                self.relaunch(s, after_failure=False)
+            self.dirty = True
+            log.info("pool %s: scaled down to %d envs in %d actors", self.spec.name, desired,
+                     len(self.slots))

@@ -1,0 +1,361 @@
+"""The pool server: owns a pool's env actors, keeps them healthy and at size.
+
+It runs beside the Ray head (``envpool serve``, the head pod's sidecar in-cluster;
+in-process for ``envpool run``) and:
+
+* creates ``SubEnvHost`` actors, named ``host-<slot>-g<generation>`` and detached,
+  in the pool's Ray namespace, so they outlive trainers and the pool server;
+* re-adopts the actors it finds there when it restarts (the registry actor keeps
+  the layout and the leases, see :mod:`remote_env.pool.registry`);
+* pings every actor; a dead one (process killed, node lost) or one that does not
+  answer within ``faultTolerance.stepTimeoutSeconds`` is killed and replaced, with
+  exponential backoff and at most ``maxRestarts`` consecutive failures; trainers
+  report the failures they see and wait for the replacement (one owner of restarts);
+* scales to ``spec.replicas`` without touching surviving actors: new actors are
+  added, and scaling down removes un-leased actors first (an actor is cut to a
+  smaller one only when no whole actor fits the excess);
+* serves ``/metrics``, ``/healthz`` and ``/status`` (JSON) over HTTP and, in-cluster,
+  patches its EnvPool's ``status.pool`` (:mod:`remote_env.pool.kube_report`).
+
+Example (local Ray):
+    >>> import ray
+    >>> from remote_env import spec as spec_mod
+    >>> ray.init()
+    >>> spec = spec_mod.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4,
+    ...                              "envsPerActor": 2}, name="cp")
+    >>> server = PoolServer(spec, http_port=0)
+    >>> server.start_background()
+    >>> server.wait_ready(60)
+    >>> server.close(destroy=True)
+"""
+
+from __future__ import annotations
+
+import datetime
+import http.server
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from remote_env import spec as spec_mod
+from remote_env.metrics import PoolMetrics
+from remote_env.pool import actors, http_server, slot
+from remote_env.pool import registry as registry_mod
+
+log = logging.getLogger(__name__)
+
+
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class PoolServer:
+    """Creates, supervises and scales one pool's env actors; serves its status.
+
+    Args:
+        spec: the pool.
+        registry: Prometheus registry for the pool's metrics (a private one if None).
+        http_host: address of the HTTP server (``/metrics``, ``/healthz``, ``/status``).
+        http_port: its port; None uses ``spec.metrics.port``, 0 any free port, -1 none.
+        ray_namespace: Ray namespace of the pool's actors (default ``envpool-<name>``).
+        health_interval_s: supervision tick: how often actors are pinged.
+        status_reporter: called with the ``status.pool`` report on every tick
+            (throttling is its business); see :class:`~remote_env.pool.kube_report.KubeStatusReporter`.
+        metrics_namespace: adds a ``namespace`` label to the metrics (in-cluster).
+        actor_options: extra Ray options for the env actors.
+
+    Requires a connected Ray (``ray.init(address=...)``).
+    """
+
+    def __init__(
+        self,
+        spec: spec_mod.PoolSpec,
+        *,
+        registry: CollectorRegistry | None = None,
+        http_host: str = "127.0.0.1",
+        http_port: int | None = None,
+        ray_namespace: str | None = None,
+        health_interval_s: float = 1.0,
+        status_reporter: Callable[[dict[str, Any]], None] | None = None,
+        metrics_namespace: str | None = None,
+        actor_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if health_interval_s <= 0:
+            raise ValueError(f"health_interval_s must be > 0, got {health_interval_s}")
+        self.spec = spec
+        self.ray_namespace = ray_namespace or spec.ray_namespace
+        self.health_interval_s = health_interval_s
+        self.metrics = PoolMetrics(registry, spec.name, metrics_namespace)
+        self.registry = self.metrics.registry
+        self._labels = (spec.name,) if metrics_namespace is None else (metrics_namespace,
+                                                                       spec.name)
+        self._http_host = http_host
+        self._http_port = spec.metrics_port if http_port is None else http_port
+        self._reporter = status_reporter
+        self.actors = actors.ActorSet(spec, ray_namespace=self.ray_namespace,
+                                      metrics=self.metrics, health_interval_s=health_interval_s,
+                                      actor_options=actor_options or {})
+        self._registry_actor: Any = None
+        self._pending_spec: spec_mod.PoolSpec | None = None
+        # specs handed to apply_spec / applied by a tick: wait_ready waits for the latest
+        self._spec_asked = self._spec_applied = 0
+        self._spec_lock = threading.Lock()
+        self._snapshot: dict[str, Any] = {}
+        self._snapshot_lock = threading.Lock()
+        self._leased: dict[int, str] = {}
+        self._leases: list[dict[str, Any]] = []
+        self._requests: list[tuple[int, str, str]] = []
+        self._published_generation: int | None = None
+        self._last_tick: float | None = None
+        self._http: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._started = False
+        self._closed = False
+        self.metrics.track_states(self._state_counts)
+        http_server.pool_gauges(self.registry, len(self._labels)).add(self._labels, self._gauges)
+
+    # ------------------------------------------------------------- lifecycle
+    @property
+    def http_port(self) -> int | None:
+        """The HTTP server's port (after :meth:`start`), None when not serving."""
+        return None if self._http is None else int(self._http.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._http_host}:{self.http_port}"
+
+    def start(self) -> None:
+        """Connect to the registry, adopt existing actors, start HTTP. Idempotent."""
+        import ray
+
+        if self._started:
+            return
+        if not ray.is_initialized():
+            raise RuntimeError("PoolServer needs a connected Ray: call ray.init(address=...) first")
+        self._registry_actor = registry_mod.remote_class().options(
+            name=registry_mod.REGISTRY_NAME,
+            namespace=self.ray_namespace,
+            lifetime="detached",
+            get_if_exists=True,
+            max_concurrency=registry_mod.REGISTRY_CONCURRENCY,
+            # On the head, which the pool cannot outlive anyway, and without CPUs:
+            # it is bookkeeping only.
+            num_cpus=0,
+            resources={actors.HEAD_RESOURCE: 0.001},
+            # a crashed registry comes back empty; the pool server republishes its layout
+            max_restarts=-1,
+        ).remote(self.spec.name)
+        layout = ray.get(self._registry_actor.layout.remote())
+        self.actors.adopt(layout)
+        if self._http_port >= 0:
+            self._http = http_server.serve_http(self, self._http_host, self._http_port)
+            log.info("pool %s: serving %s/status, /metrics and /healthz", self.spec.name, self.url)
+        self._started = True
+        self._update_snapshot(time.monotonic())
+
+    def start_background(self) -> None:
+        """:meth:`start`, then supervise on a daemon thread until :meth:`close`."""
+        self.start()
+        self._thread = threading.Thread(target=self.run, name=f"pool-{self.spec.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def run(self, stop: threading.Event | None = None,
+            on_tick: Callable[[], None] | None = None) -> None:
+        """Supervise until ``stop`` (or :meth:`close`) is set."""
+        self.start()
+        while not self._stop.is_set() and not (stop is not None and stop.is_set()):
+            try:
+                self.tick()
+            except Exception as exc:
+                # The loop must outlive a bad tick (a Ray hiccup): say so and go on.
+                self.actors.last_error = f"supervision tick failed: {type(exc).__name__}: {exc}"
+                log.exception("pool %s: supervision tick failed", self.spec.name)
+                self._stop.wait(self.health_interval_s)
+            if on_tick is not None:
+                on_tick()
+
+    def close(self, *, destroy: bool = False, timeout: float = 30.0) -> None:
+        """Stop supervising and serving. ``destroy`` also kills every actor of the pool.
+
+        Without ``destroy`` the actors (detached) keep running for trainers and the
+        next pool server, which re-adopts them.
+        """
+        import ray
+
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+        self.metrics.remove()
+        http_server.pool_gauges(self.registry, len(self._labels)).remove(self._labels)
+        if destroy and ray.is_initialized():
+            self.actors.kill_all()
+            if self._registry_actor is not None:
+                slot.kill(self._registry_actor)
+
+    def __enter__(self) -> PoolServer:
+        self.start_background()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def apply_spec(self, spec: spec_mod.PoolSpec) -> None:
+        """Take a new spec (e.g. the ConfigMap changed); applied on the next tick."""
+        if spec.name != self.spec.name:
+            raise ValueError(
+                f"this pool server runs pool {self.spec.name!r}; a spec for pool {spec.name!r} "
+                "needs its own pool server"
+            )
+        with self._spec_lock:
+            self._pending_spec = spec
+            self._spec_asked += 1
+
+    def wait_ready(self, timeout: float = 120.0) -> dict[str, Any]:
+        """Wait until every desired env is ready; returns the status.
+
+        Raises:
+            TimeoutError: with the last status, when they are not ready in time.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status()
+            if (st["specVersion"] == self._spec_asked
+                    and st["readyEnvs"] == st["totalEnvs"] == st["desiredEnvs"]
+                    and st["actors"] == st["readyActors"]):
+                return st
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"pool {self.spec.name!r}: {st['readyEnvs']}/{st['desiredEnvs']} envs ready "
+                    f"after {timeout}s; last error: {st['lastError'] or 'none'}"
+                )
+            time.sleep(min(0.1, self.health_interval_s))
+
+    def status(self) -> dict[str, Any]:
+        """The latest ``/status`` document."""
+        with self._snapshot_lock:
+            return dict(self._snapshot)
+
+    def healthy(self) -> bool:
+        """The supervision loop ticked recently (what ``/healthz`` reports)."""
+        last = self._last_tick
+        limit = max(10.0, 5 * self.health_interval_s)
+        return last is not None and time.monotonic() - last < limit and not self._closed
+
+    # ------------------------------------------------------------ supervision
+    def tick(self) -> None:
+        """One supervision pass, then publish and wait up to a health interval."""
+        import ray
+
+        now = time.monotonic()
+        self._apply_pending_spec()
+        requests, self._requests = self._requests, []
+        for slot_id, actor_id, reason in requests:
+            self.actors.reported(slot_id, actor_id, reason, now)
+        self.actors.supervise(now, self._leased)
+        self._update_snapshot(now)
+        dirty = self.actors.dirty
+        layout = self.actors.layout() if dirty else None
+        pool_info = self._pool_info() if dirty else None
+        sync = ray.get(self._registry_actor.server_sync.remote(
+            layout, pool_info, self.health_interval_s))
+        if layout is not None:
+            self.actors.dirty = False
+            self._published_generation = sync["generation"]
+        elif sync["generation"] != self._published_generation:
+            self.actors.dirty = True  # the registry restarted and lost the layout: republish
+        self._requests = list(sync["requests"])
+        self._leased = dict(sync["leased_slots"])
+        self._leases = list(sync["leases"])
+        self._last_tick = time.monotonic()
+        self._update_snapshot(self._last_tick)
+        if self._reporter is not None:
+            self._reporter(self.pool_report())
+
+    def pool_report(self) -> dict[str, Any]:
+        """``status.pool`` of the EnvPool: the operator reads it."""
+        st = self.status()
+        return {key: st[key] for key in ("readyEnvs", "desiredEnvs", "restarts", "lastError",
+                                         "updatedAt")}
+
+    def _apply_pending_spec(self) -> None:
+        with self._spec_lock:
+            spec, self._pending_spec = self._pending_spec, None
+            self._spec_applied = self._spec_asked
+        if spec is None or spec == self.spec:
+            return
+        old, self.spec = self.spec, spec
+        log.info("pool %s: spec changed: replicas %d -> %d, envsPerActor %d -> %d",
+                 spec.name, old.replicas, spec.replicas, old.envs_per_actor, spec.envs_per_actor)
+        if old.metrics_port != spec.metrics_port:
+            log.warning("pool %s: metrics.port changed to %d: takes effect when the pool server "
+                        "restarts", spec.name, spec.metrics_port)
+        self.actors.respec(spec, time.monotonic())
+
+    # ---------------------------------------------------------------- status
+    def _pool_info(self) -> dict[str, Any]:
+        """What trainers need to drive the pool's actors like their own: the spec itself
+        (as a document, which :func:`remote_env.spec.parse_manifest` reads back)."""
+        return {"signature": slot.signature(self.spec), "document": self.spec.to_document()}
+
+    def _update_snapshot(self, now: float) -> None:
+        slots = sorted(self.actors.slots.values(), key=lambda s: s.slot)
+        by_state = {"ready": 0, "starting": 0, "backoff": 0, "failed": 0}
+        for s in slots:
+            by_state[s.state] += s.num_envs
+        trainers = {lease["lease_id"]: lease["trainer"] for lease in self._leases}
+        leased_envs = sum(s.num_envs for s in slots if s.slot in self._leased)
+        snap = {
+            "pool": self.spec.name,
+            "namespace": self.spec.namespace,
+            "rayNamespace": self.ray_namespace,
+            "desiredEnvs": self.spec.desired_envs,
+            "totalEnvs": sum(by_state.values()),
+            "readyEnvs": by_state["ready"],
+            "startingEnvs": by_state["starting"] + by_state["backoff"],
+            "failedEnvs": by_state["failed"],
+            "leasedEnvs": leased_envs,
+            "actors": len(slots),
+            "readyActors": sum(1 for s in slots if s.state == "ready"),
+            "restarts": sum(s.restarts for s in slots),
+            "lastError": self.actors.last_error,
+            "updatedAt": _now_iso(),
+            "healthy": self.healthy(),
+            "specVersion": self._spec_applied,
+            "spec": {"replicas": self.spec.replicas, "envsPerActor": self.spec.envs_per_actor,
+                     "suspend": self.spec.suspend},
+            "slots": [
+                {"slot": s.slot, "name": s.name, "actorId": s.actor_id, "envs": s.num_envs,
+                 "state": s.state, "restarts": s.restarts, "nodeId": s.node_id,
+                 "leasedBy": trainers.get(self._leased.get(s.slot, "")),
+                 "lastError": s.last_error}
+                for s in slots
+            ],
+            "leases": [dict(lease) for lease in self._leases],
+        }
+        with self._snapshot_lock:
+            self._snapshot = snap
+
+    def _state_counts(self) -> dict[str, int]:
+        st = self.status()
+        return {"running": st.get("readyEnvs", 0), "restarting": st.get("startingEnvs", 0),
+                "failed": st.get("failedEnvs", 0)}
+
+    def _gauges(self) -> dict[str, float]:
+        st = self.status()
+        return {"desired": st.get("desiredEnvs", 0), "leased": st.get("leasedEnvs", 0),
+                "leases": len(st.get("leases", []))}
+
+

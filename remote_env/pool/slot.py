@@ -1,0 +1,82 @@
+"""One env actor position of a pool (a slot) and the small helpers around its actor."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from typing import Any, Final
+
+from remote_env import spec as spec_mod
+from remote_env.pool import registry as registry_mod
+
+HOST_NAME_RE: Final = re.compile(r"^host-(\d+)-g(\d+)$")
+
+
+def host_name(slot: int, generation: int) -> str:
+    return f"host-{slot:05d}-g{generation}"
+
+
+def node_id(_host: Any) -> str:
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())
+
+
+@dataclasses.dataclass
+class Slot:
+    """One env actor position of the pool and its supervision state."""
+
+    slot: int
+    num_envs: int
+    generation: int = 0
+    handle: Any = None
+    actor_id: str = ""
+    state: registry_mod.SlotState = "starting"
+    start_ref: Any = None
+    ping_ref: Any = None
+    ping_sent: float = 0.0
+    # when the actor stopped answering (first unanswered ping), for hang detection
+    silent_since: float | None = None
+    ready_since: float = 0.0
+    restarts: int = 0
+    failures: int = 0  # consecutive
+    retry_at: float = 0.0
+    last_error: str = ""
+    node_id: str = ""
+    after_failure: bool = False
+    # False for an adopted actor the registry had no record of, until start() tells
+    size_known: bool = True
+
+    @property
+    def name(self) -> str:
+        return host_name(self.slot, self.generation)
+
+    def info(self) -> registry_mod.SlotInfo:
+        return registry_mod.SlotInfo(
+            self.slot, self.name, self.actor_id, self.num_envs, self.state, self.restarts,
+            self.node_id, self.last_error,
+        )
+
+
+def signature(spec: spec_mod.PoolSpec) -> str:
+    """A short hash of what the pool's actors are built from."""
+    blob = json.dumps(spec.host_signature(), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def kill(handle: Any) -> None:
+    if handle is None:
+        return
+    import ray
+
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # already dead
+        pass
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

@@ -31,7 +31,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from remote_env import multi_agent
+from remote_env import multi_agent, restarts
 from remote_env._types import Batch, Failure, FailureReason
 
 EnvFn = Callable[[], Any]
@@ -254,7 +254,7 @@ class SubEnvHost:
 
     def _sleep_backoff(self, slot: _Slot) -> None:
         if self._backoff > 0 and slot.consecutive_failures > 0:
-            time.sleep(min(self._backoff * 2 ** (slot.consecutive_failures - 1), 60.0))
+            time.sleep(restarts.backoff(self._backoff, slot.consecutive_failures - 1, 60.0))
 
     def _restart_slot(self, slot: _Slot, reason: FailureReason, exc: BaseException) -> Failure:
         """Replace a failed env; the caller decides what the failed step returns."""

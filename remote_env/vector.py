@@ -29,7 +29,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from remote_env import channel, errors
+from remote_env import channel, errors, restarts
 from remote_env._types import Batch, Failure, FailureReason
 from remote_env.host import EnvFn, SubEnvHost
 from remote_env.metrics import PoolMetrics
@@ -835,7 +835,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                 f"(max_restarts={self.max_restarts}); last: {reason}: {message}"
             )
         if self.restart_backoff_s > 0 and host.actor_failures > 1:
-            time.sleep(min(self.restart_backoff_s * 2 ** (host.actor_failures - 2), 60.0))
+            time.sleep(restarts.backoff(self.restart_backoff_s, host.actor_failures - 2, 60.0))
         self._restarts[host.env_ids] += 1
         if self._replacer is not None:
             host.handle = self._replacer(host.handle, reason)

@@ -19,6 +19,7 @@ import kubernetes
 from kubernetes.client import exceptions as k8s_exceptions
 
 from envpool_operator import status as status_mod
+from remote_env import kubeconfig
 from remote_env import spec as spec_mod
 
 FIELD_MANAGER: Final = "envpool-operator"
@@ -55,11 +56,7 @@ _ray_api_seen_at: float = -1e9
 def configure() -> None:
     """Load credentials: in-cluster service account, else KUBECONFIG / ~/.kube/config."""
     global _api
-    config: Any = kubernetes.config  # untyped module
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+    kubeconfig.load()
     with _lock:
         _api = kubernetes.client.ApiClient()
 

@@ -22,6 +22,7 @@ from envpool_operator import builders, kube
 from envpool_operator import metrics as metrics_mod
 from envpool_operator import settings as settings_mod
 from envpool_operator import status as status_mod
+from remote_env import restarts
 from remote_env import spec as spec_mod
 
 #: Delay before looking again while an old RayCluster is being deleted.
@@ -140,15 +141,6 @@ class _Stop(Exception):
         self.problem, self.delay, self.ray_cluster = problem, delay, ray_cluster
 
 
-def backoff(delay: float, retry: int, cap: float) -> float:
-    """Retry delay: ``delay`` doubled per earlier retry, at most ``cap`` seconds.
-
-    >>> [backoff(5, r, 60) for r in range(5)]
-    [5.0, 10.0, 20.0, 40.0, 60.0]
-    """
-    return float(min(delay * 2.0 ** min(retry, 16), cap))
-
-
 def ownership_problem(
     existing: Mapping[str, Any] | None, *, name: str, uid: str,
 ) -> tuple[status_mod.Problem, float] | None:
@@ -201,7 +193,7 @@ def reconcile(body: Mapping[str, Any], runtime: Runtime, logger: Any, retry: int
                      problem=stop.problem)
         if stop.delay is None:
             return Outcome(st, "error", kopf.PermanentError(stop.problem.message))
-        delay = backoff(stop.delay, retry, settings.max_retry_seconds)
+        delay = restarts.backoff(stop.delay, retry, settings.max_retry_seconds)
         logger.warning(f"{stop.problem.reason}: {stop.problem.message}; retrying in {delay:g}s")
         return Outcome(st, "retry", kopf.TemporaryError(stop.problem.message, delay=delay))
     with runtime.lock:

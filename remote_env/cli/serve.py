@@ -6,8 +6,9 @@ document at ``/etc/envpool/pool.yaml`` and sets ``RAY_ADDRESS``,
 its EnvPool's ``status.pool`` and serves HTTP on all interfaces (the readiness
 probe and Prometheus reach it through the pod IP). Elsewhere it binds loopback.
 
-The config file is re-read when it changes (a ConfigMap update, or SIGHUP), so
-``kubectl scale envpool/x --replicas=N`` resizes the running pool. SIGTERM and
+In-cluster the server watches its own EnvPool, so ``kubectl scale envpool/x
+--replicas=N`` resizes the running pool within a tick; the config file is re-read
+when it changes (or on SIGHUP) outside a cluster and while that watch is down. SIGTERM and
 Ctrl-C stop the server and leave the env actors running for the next one, unless
 ``--destroy-on-exit``.
 
@@ -115,18 +116,27 @@ def serve(args: argparse.Namespace) -> int:
         metrics_namespace=spec.namespace if reporter is not None else None,
     )
 
+    def _apply(new: spec_mod.PoolSpec) -> None:
+        try:
+            server.apply_spec(new)
+        except ValueError as exc:
+            log.error("%s", exc)
+
+    # In-cluster the EnvPool itself is the source (kubectl scale lands within a tick);
+    # the mounted ConfigMap only while the watch is down.
+    watch = (spec_source.EnvPoolWatch(reporter.namespace, reporter.name, _apply).start()
+             if reporter is not None else None)
+
     def _reload() -> None:
+        if watch is not None and watch.connected:
+            return
         try:
             new = watcher.poll()
         except spec_mod.SpecError as exc:
             log.error("config changed but is invalid; keeping the running spec: %s", exc)
             return
-        if new is None:
-            return
-        try:
-            server.apply_spec(new)
-        except ValueError as exc:
-            log.error("%s", exc)
+        if new is not None:
+            _apply(new)
 
     try:
         try:
@@ -141,6 +151,8 @@ def serve(args: argparse.Namespace) -> int:
         server.run(stop, on_tick=_reload)
         return 0
     finally:
+        if watch is not None:
+            watch.close()
         server.close(destroy=args.destroy_on_exit)
         if reporter is not None:
             reporter.close()

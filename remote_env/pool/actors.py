@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from remote_env import entrypoints
+from remote_env import entrypoints, restarts
 from remote_env import spec as spec_mod
 from remote_env.metrics import FAILURE_REASONS, PoolMetrics
 from remote_env.pool import registry as registry_mod
@@ -241,8 +241,7 @@ class ActorSet:
             self.last_error = s.last_error
             log.error("pool %s: %s", self.spec.name, s.last_error)
             return
-        delay = min(ft.restart_backoff_seconds * 2 ** (s.failures - 1), MAX_BACKOFF_S) \
-            if ft.restart_backoff_seconds > 0 else 0.0
+        delay = restarts.backoff(ft.restart_backoff_seconds, s.failures - 1, MAX_BACKOFF_S)
         log.warning("pool %s: %s; restarting its %d envs in %.1fs", self.spec.name,
                     s.last_error, s.num_envs, delay)
         s.after_failure = True

@@ -13,6 +13,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from remote_env import kubeconfig
+from remote_env import spec as spec_mod
+
 log = logging.getLogger(__name__)
 
 
@@ -61,7 +64,7 @@ class KubeStatusReporter:
         try:
             api = self._client()
             api.patch_namespaced_custom_object_status(
-                "envpool.dev", "v1alpha1", self.namespace, "envpools", self.name,
+                spec_mod.GROUP, spec_mod.VERSION, self.namespace, spec_mod.PLURAL, self.name,
                 {"status": {"pool": report}}, _request_timeout=10,
             )
         except Exception as exc:
@@ -75,13 +78,7 @@ class KubeStatusReporter:
 
     def _client(self) -> Any:
         if self._api is None:
-            from kubernetes import client, config
-
-            try:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-            except config.ConfigException:
-                config.load_kube_config()  # type: ignore[no-untyped-call]
-            self._api = client.CustomObjectsApi()
+            self._api = kubeconfig.load().client.CustomObjectsApi()
         return self._api
 
     def close(self) -> None:

@@ -17,6 +17,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,12 @@ def _token_kubeconfig(kube: Any, sa: str, ns: str, path: Path) -> Path:
     return path
 
 
+def _status(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as resp:
+        doc: dict[str, Any] = json.load(resp)
+    return doc
+
+
 def _envpool(name: str, ns: str, replicas: int) -> dict[str, Any]:
     return {"apiVersion": spec.API_VERSION, "kind": spec.KIND,
             "metadata": {"name": name, "namespace": ns},
@@ -87,19 +95,15 @@ def test_serve_patches_only_its_own_envpool_status(
                                    tmp_path / "sa.kubeconfig")
     config = tmp_path / builders.CONFIG_KEY
 
-    def write_config(replicas: int) -> None:
-        p = spec.parse_spec({**doc["spec"], "replicas": replicas}, name="reported",
-                            namespace=namespace)
-        config.write_text(builders.build_config_map(p)["data"][builders.CONFIG_KEY])
-
-    write_config(2)
+    config.write_text(builders.build_config_map(pool)["data"][builders.CONFIG_KEY])
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     env.update(KUBECONFIG=str(kubeconfig), ENVPOOL_POOL_NAMESPACE=namespace,
                ENVPOOL_POOL_NAME="reported")
     log = tmp_path / "serve.log"
+    port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "remote_env.cli.serve", "--config", str(config),
-         "--address", local_ray, "--http-port", str(_free_port()), "--health-interval", "0.3",
+         "--address", local_ray, "--http-port", str(port), "--health-interval", "0.3",
          "--destroy-on-exit"],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, cwd=REPO,
     )
@@ -117,8 +121,15 @@ def test_serve_patches_only_its_own_envpool_status(
             tzinfo=datetime.timezone.utc)
         assert abs((datetime.datetime.now(datetime.timezone.utc) - when).total_seconds()) < 60
 
-        # the ConfigMap changes (kubectl scale): the report follows
-        write_config(3)
+        # kubectl scale reaches the server through its watch of the EnvPool, not the
+        # (kubelet-synced, here untouched) config file: within 2 s
+        t0 = time.monotonic()
+        kube.kubectl("scale", "envpool/reported", "-n", namespace, "--replicas=3")
+        kube.wait_until(lambda: _status(port)["spec"]["replicas"] == 3, timeout=10,
+                        interval=0.02, what=f"the server seeing replicas=3 (log: {log})")
+        took = time.monotonic() - t0
+        print(f"kubectl scale -> pool server spec: {took:.2f}s")
+        assert took < 2.0, f"kubectl scale took {took:.2f}s to reach the pool server"
         kube.wait_until(lambda: report().get("readyEnvs") == report().get("desiredEnvs") == 3,
                         timeout=120, interval=0.5, what=f"report after scaling (log: {log})")
         assert report("bystander") == {}  # never touched

@@ -14,6 +14,7 @@ import prometheus_client
 import pytest
 
 from envpool_operator import builders, metrics, reconcile, settings, status
+from remote_env import restarts
 
 UID = "11111111-2222-3333-4444-555555555555"
 
@@ -61,8 +62,8 @@ def test_invalid_spec_is_permanent_before_any_api_call() -> None:
 
 
 def test_backoff_doubles_up_to_the_cap() -> None:
-    assert [reconcile.backoff(5, r, 60) for r in range(6)] == [5, 10, 20, 40, 60, 60]
-    assert reconcile.backoff(30, 1000, 120) == 120  # no overflow on long outages
+    assert [restarts.backoff(5, r, 60) for r in range(6)] == [5, 10, 20, 40, 60, 60]
+    assert restarts.backoff(30, 1000, 120) == 120  # no overflow on long outages
 
 
 def test_no_existing_cluster_is_no_problem() -> None:

@@ -1,0 +1,135 @@
+"""The CRD (on the real API server) and remote_env.spec refuse the same EnvPools.
+
+Every bad input the suite knows goes through both: a server-side dry-run apply
+with strict field validation (what ``kubectl apply`` does) and the model's
+``parse_spec``. They must agree, except for what only the model can see (the
+operator reports those as ``SpecValid=False``): listed in :data:`MODEL_ONLY`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from remote_env import spec
+
+pytestmark = [pytest.mark.e2e]
+
+CRD = Path(__file__).resolve().parents[2] / "manifests" / "crd" / "envpool.dev_envpools.yaml"
+
+
+def _spec(**over: Any) -> dict[str, Any]:
+    return {"env": {"id": "CartPole-v1"}, "replicas": 16, **over}
+
+
+def _res(**res: Any) -> dict[str, Any]:
+    return _spec(ray={"head": {"resources": res}})
+
+
+#: (case id, metadata.name, spec); the good ones must pass both.
+GOOD: list[tuple[str, str, dict[str, Any]]] = [
+    ("minimal", "good", _spec()),
+    ("name-40", "a" * 40, _spec()),
+    ("entrypoint", "good", {"env": {"entrypoint": "remote_env.examples:rps_parallel_env",
+                                    "multiAgent": True}, "replicas": 4}),
+    ("int-quantity", "good", _spec(ray={"worker": {"resources": {"requests": {"cpu": 2}}}})),
+    ("step-timeout-int", "good", _spec(faultTolerance={"stepTimeoutSeconds": 10})),
+    ("tolerations", "good", _spec(ray={"worker": {"tolerations": [
+        {"key": "k", "operator": "Exists", "effect": "NoSchedule"}]}})),
+]
+
+#: Everything test_operator_spec.py, test_pool_spec.py and test_operator_crd.py refuse.
+BAD: list[tuple[str, str, dict[str, Any]]] = [
+    ("env-neither", "bad", {"env": {}, "replicas": 1}),
+    ("env-both", "bad", {"env": {"id": "CartPole-v1", "entrypoint": "a:b"}, "replicas": 1}),
+    ("entrypoint-no-colon", "bad", _spec(env={"entrypoint": "no_colon"})),
+    ("entrypoint-two-colons", "bad", _spec(env={"entrypoint": "a.b:c:d"})),
+    ("entrypoint-digit", "bad", _spec(env={"entrypoint": "1bad:fn"})),
+    ("env-id-space", "bad", _spec(env={"id": "has space"})),
+    ("env-id-empty", "bad", _spec(env={"id": ""})),
+    ("env-unknown-field", "bad", _spec(env={"id": "CartPole-v1", "kwarg": {}})),
+    ("replicas-0", "bad", _spec(replicas=0)),
+    ("replicas-negative", "bad", _spec(replicas=-5)),
+    ("replicas-too-many", "bad", _spec(replicas=100_001)),
+    ("replicas-string", "bad", _spec(replicas="16")),
+    ("replicas-bool", "bad", _spec(replicas=True)),
+    ("replicas-missing", "bad", {"env": {"id": "CartPole-v1"}}),
+    ("envs-per-actor-gt-replicas", "bad", _spec(replicas=4, envsPerActor=8)),
+    ("envs-per-actor-gt-per-worker", "bad", _spec(replicas=200, envsPerActor=100)),
+    ("envs-per-actor-2000", "bad", _spec(replicas=4000, envsPerActor=2000)),
+    ("batch-wait-negative", "bad", _spec(batchWaitMs=-1)),
+    ("threads-0", "bad", _spec(threadsPerActor=0)),
+    ("threads-2000", "bad", _spec(threadsPerActor=2000)),
+    ("autoreset-unknown", "bad", _spec(autoresetMode="Sometimes")),
+    ("metrics-port-ray", "bad", _spec(metrics={"port": 6379})),
+    ("metrics-port-low", "bad", _spec(metrics={"port": 80})),
+    ("ray-version", "bad", _spec(ray={"version": "latest"})),
+    ("ray-image-space", "bad", _spec(ray={"image": "bad image"})),
+    ("quantity-words", "bad", _res(requests={"cpu": "lots"})),
+    ("quantity-negative", "bad", _res(requests={"memory": "-1Gi"})),
+    ("quantity-zero", "bad", _res(requests={"cpu": "0"})),
+    ("memory-too-small", "bad", _res(limits={"memory": "100Mi"})),
+    ("request-over-limit", "bad", _spec(ray={"worker": {"resources": {
+        "requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}})),
+    ("toleration-exists-value", "bad", _spec(ray={"worker": {"tolerations": [
+        {"operator": "Exists", "value": "x"}]}})),
+    ("toleration-operator", "bad", _spec(ray={"worker": {"tolerations": [{"operator": "In"}]}})),
+    ("node-selector-int", "bad", _spec(ray={"worker": {"nodeSelector": {"zone": 3}}})),
+    ("unknown-field", "bad", _spec(bogus=1)),
+    ("ft-unknown-field", "bad", _spec(faultTolerance={"retries": 3})),
+    ("max-restarts-negative", "bad", _spec(faultTolerance={"maxRestarts": -1})),
+    ("suspend-string", "bad", _spec(suspend="yes")),
+    ("name-41", "a" * 41, _spec()),
+    ("name-upper", "Upper", _spec()),
+    ("name-digit", "1starts-with-digit", _spec()),
+    ("name-dash-end", "ends-", _spec()),
+    ("name-dot", "has.dot", _spec()),
+]
+
+#: What the CRD cannot express and only the model refuses (SpecValid=False): quantity
+#: semantics (zero, Ray's memory floor, request above limit).
+MODEL_ONLY = {"quantity-zero", "memory-too-small", "request-over-limit"}
+
+
+def _model_refuses(name: str, body: dict[str, Any]) -> str | None:
+    try:
+        spec.parse_spec(body, name=name)
+    except spec.SpecError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(scope="module")
+def crd_installed(kube_cluster: Any) -> Any:
+    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kube_cluster.kubectl("wait", "--for=condition=Established", "crd/envpools.envpool.dev",
+                         "--timeout=60s")
+    return kube_cluster
+
+
+def _crd_refuses(kube: Any, namespace: str, name: str, body: dict[str, Any]) -> str | None:
+    doc = {"apiVersion": spec.API_VERSION, "kind": spec.KIND,
+           "metadata": {"name": name, "namespace": namespace}, "spec": body}
+    # kubectl apply validates strictly (unknown fields are errors, not pruned)
+    proc = kube.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict",
+                        "--field-manager=agreement", "-f", "-", input=json.dumps(doc),
+                        check=False)
+    return proc.stderr.strip() if proc.returncode != 0 else None
+
+
+@pytest.mark.parametrize(("case", "name", "body"), GOOD + BAD, ids=[c[0] for c in GOOD + BAD])
+def test_crd_and_model_refuse_the_same(crd_installed: Any, case: str, name: str,
+                                       body: dict[str, Any]) -> None:
+    by_model = _model_refuses(name, body)
+    # a dry run creates nothing, so the default namespace serves every case
+    by_crd = _crd_refuses(crd_installed, "default", name, body)
+    if any(case == c[0] for c in GOOD):
+        assert by_model is None and by_crd is None, (by_model, by_crd)
+    elif case in MODEL_ONLY:
+        assert by_model is not None and by_crd is None, (by_model, by_crd)
+    else:
+        assert by_model is not None, f"the CRD refuses {case} but the model accepts it: {by_crd}"
+        assert by_crd is not None, f"the model refuses {case} but the CRD accepts it: {by_model}"

@@ -15,12 +15,30 @@ KWOK_BIN="$CACHE/kwok-$KWOK_VERSION/bin"
 KUBERAY_DIR="$CACHE/kuberay-$KUBERAY_VERSION"
 HELM_BIN="$CACHE/helm-$HELM_VERSION/bin"
 
+KUBENODE_BIN="$CACHE/kubenode-$KUBE_VERSION/bin"
+COREDNS_BIN="$CACHE/coredns-$COREDNS_VERSION/bin"
+
 KUBECTL="$KUBE_BIN/kubectl"
 KWOKCTL="$KWOK_BIN/kwokctl"
 KUBECONFIG_PATH="$STATE/kubeconfig"
 OPERATOR_PID="$STATE/ray-operator.pid"
 OPERATOR_LOG="$STATE/ray-operator.log"
 OPERATOR_PORTS="$STATE/ray-operator.ports"
+
+# The real node (node.sh). Addresses exist only on the bridge and in the pods'
+# network namespaces that the harness creates on this machine.
+NODE_NAME="${ENVPOOL_NODE_NAME:-envpool-real-0}"
+NODE_DIR="$STATE/node"
+NODE_BRIDGE=epbr0
+NODE_POD_CIDR=10.244.0.0/24      # pods of the real node (host-local IPAM)
+NODE_IP=10.244.0.1               # the bridge's address: kubelet, CoreDNS, node InternalIP
+SERVICE_CIDR=10.96.0.0/16        # kube-apiserver --service-cluster-ip-range
+DNS_IP=10.96.0.10                # Service kube-system/kube-dns -> CoreDNS on NODE_IP:53
+CLUSTER_DOMAIN=cluster.local
+# what a pod asks for to run on the real node (the e2e fixtures use these)
+NODE_LABEL=envpool.dev/node=real
+NODE_TAINT=envpool.dev/real-node=true:NoSchedule
+CNI_BIN_DIR=/usr/lib/cni         # Debian's containernetworking-plugins
 
 # kwokctl keeps its clusters, pki, pids and logs here (not in ~/.kwok)
 export KWOK_WORKDIR="$STATE/kwok"
@@ -62,4 +80,14 @@ apiserver_ready() {
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+# Debian packages the harness needs (installed by the scripts, never by hand)
+apt_install() {
+  local missing=() p
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "apt-get install ${missing[*]}"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >&2 \
+    || die "apt-get install ${missing[*]} failed"
 }

@@ -22,6 +22,9 @@ if [ -f "$OPERATOR_PORTS" ]; then
   while IFS='=' read -r _ p; do [ -n "$p" ] && ports+=("$p"); done <"$OPERATOR_PORTS"
 fi
 
+# 0. the real node first (its kubelet tears pods down through the API server)
+bash "$HERE/node.sh" down || rc=1
+
 # 1. KubeRay operator
 if [ -f "$OPERATOR_PID" ]; then
   pid=$(cat "$OPERATOR_PID")

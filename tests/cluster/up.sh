@@ -20,6 +20,7 @@ flock 9
 healthy() {
   apiserver_ready || return 1
   operator_ready || return 1
+  if [ "$REAL_NODE" = 1 ]; then bash "$HERE/node.sh" check 9>&- || return 1; fi
   local ready
   ready=$(kc get nodes -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null | grep -c True || true)
   [ "$ready" -ge "$NODE_COUNT" ] || return 1
@@ -31,8 +32,10 @@ print_export() {
 }
 
 # ---- 0. binaries ----------------------------------------------------------
+REAL_NODE="${ENVPOOL_CLUSTER_REAL_NODE:-1}"
 need=("$KUBE_BIN/kube-apiserver" "$KUBE_BIN/kube-controller-manager" "$KUBE_BIN/kube-scheduler" \
   "$KUBECTL" "$ETCD_BIN/etcd" "$KWOK_BIN/kwok" "$KWOKCTL" "$KUBERAY_DIR/bin/ray-operator" "$HELM_BIN/helm")
+[ "$REAL_NODE" = 1 ] && need+=("$KUBENODE_BIN/kubelet" "$KUBENODE_BIN/kube-proxy" "$COREDNS_BIN/coredns")
 missing=()
 for b in "${need[@]}"; do [ -x "$b" ] || missing+=("$b"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -81,6 +84,24 @@ options:
   kwokBinaryPrefix: "$KWOK_BIN"
   kwokControllerBinary: "$KWOK_BIN/kwok"
   components: [etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok-controller]
+  # the real node's pods reach the API server at the kubernetes Service / the node IP
+  kubeApiserverCertSANs: ["$NODE_IP", "${SERVICE_CIDR%.*/*}.1"]
+componentsPatches:
+- name: kube-apiserver
+  extraArgs:
+  - {key: service-cluster-ip-range, value: "$SERVICE_CIDR"}
+  # the kubernetes Service's endpoint: node.sh relays NODE_IP:<port> to the loopback listener
+  - {key: advertise-address, value: "$NODE_IP"}
+  # logs/exec/port-forward to the real kubelet: by its InternalIP (never the
+  # machine's DNS), with the cluster's client certificate
+  - {key: kubelet-preferred-address-types, value: InternalIP}
+  - {key: kubelet-client-certificate, value: "$KWOK_WORKDIR/clusters/$CLUSTER_NAME/pki/admin.crt"}
+  - {key: kubelet-client-key, value: "$KWOK_WORKDIR/clusters/$CLUSTER_NAME/pki/admin.key"}
+- name: kwok-controller
+  extraArgs:
+  # kwok fakes only its own nodes: pods on the real node are the kubelet's
+  - {key: manage-all-nodes, value: "false"}
+  - {key: manage-nodes-with-annotation-selector, value: "kwok.x-k8s.io/node=fake"}
 YAML
   rm -f "$KUBECONFIG_PATH"
   log "kwokctl create cluster --name $CLUSTER_NAME --runtime binary ($KUBE_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION)"
@@ -170,6 +191,11 @@ if ! operator_ready; then
   operator_ready || { tail -n 40 "$OPERATOR_LOG" >&2; die "ray-operator not ready after 60s"; }
 fi
 
+# ---- 6. the real node ------------------------------------------------------
+if [ "$REAL_NODE" = 1 ]; then
+  bash "$HERE/node.sh" up 9>&- || die "real node $NODE_NAME did not come up (logs in $NODE_DIR)"
+fi
+
 healthy || die "cluster came up but is not healthy"
-log "cluster '$CLUSTER_NAME' ready: $NODE_COUNT kwok nodes, KubeRay $KUBERAY_VERSION (pid $(cat "$OPERATOR_PID"))"
+log "cluster '$CLUSTER_NAME' ready: $NODE_COUNT kwok nodes$([ "$REAL_NODE" = 1 ] && echo " + real node $NODE_NAME"), KubeRay $KUBERAY_VERSION (pid $(cat "$OPERATOR_PID"))"
 print_export

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from real_node import RealNode, read_images_env
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = REPO / "tests" / "cluster"
@@ -232,6 +233,29 @@ def kube_cluster() -> Iterator[KubeCluster]:
         )
         if down.returncode != 0:
             warnings.warn(f"tests/cluster/down.sh failed ({down.returncode}):\n{down.stderr}\n{down.stdout}", stacklevel=2)
+
+
+@pytest.fixture(scope="session")
+def real_node(kube_cluster: KubeCluster) -> RealNode:
+    """The cluster's real node (kubelet + containerd + runc), Ready, with the project image.
+
+    Fails (never skips) when up.sh brought up no real node or it is not Ready.
+    """
+    name = os.environ.get("ENVPOOL_NODE_NAME", "envpool-real-0")
+    node = kube_cluster.kubectl_json("get", "node", name, check=False)
+    if node is None:
+        pytest.fail(
+            f"the real node {name} is not registered (tests/cluster/node.sh; "
+            f"ENVPOOL_CLUSTER_REAL_NODE=0 turns it off):\n{kube_cluster.up_output[-3000:]}",
+            pytrace=False,
+        )
+    ready = {c["type"]: c["status"] for c in node["status"].get("conditions", [])}.get("Ready")
+    if ready != "True":
+        pytest.fail(f"the real node {name} is not Ready: {node['status'].get('conditions')}", pytrace=False)
+    images = read_images_env(kube_cluster.state_dir)
+    if "ENVPOOL_IMAGE" not in images:
+        pytest.fail(f"no project image recorded in {kube_cluster.state_dir / 'node' / 'images.env'}", pytrace=False)
+    return RealNode(name=name, image=images["ENVPOOL_IMAGE"], state_dir=kube_cluster.state_dir)
 
 
 def _ns_name(node: pytest.Item) -> str:

@@ -1,0 +1,3 @@
+module envpool.dev/tests/cluster/pause
+
+go 1.26.0

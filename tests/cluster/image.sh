@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Build the images the real test node runs, offline from any image registry, with
+# buildah (daemonless, Debian's package) into a store OUTSIDE the repo:
+#
+#   1. pause      the pod sandbox (tests/cluster/go/pause, a static Go binary).
+#   2. ray base   a stand-in for `rayproject/ray:<RAY_VERSION>-py311`, the one FROM
+#                 line of the Dockerfile: Debian bookworm (debootstrap) + python3.11
+#                 + ray[default]==RAY_VERSION from PyPI in /home/ray/venv, user ray
+#                 (1000:100) as in the Ray images. Keyed by this recipe's inputs.
+#   3. envpool    the project's own Dockerfile built on that base
+#                 (--build-arg RAY_IMAGE=<base>), with --layers, so a source change
+#                 rebuilds only the top layer. Keyed by the Dockerfile, pyproject.toml
+#                 and the source trees.
+#
+# Each image is exported as a docker-archive tar under $CACHE/images/ whose name
+# carries its key; a tar that exists is never rebuilt. node.sh imports them into
+# the node's containerd. Prints progress to stderr and, on stdout, the lines
+#   PAUSE_IMAGE=...  BASE_IMAGE=...  ENVPOOL_IMAGE=...  ENVPOOL_IMAGE_TAR=...
+#
+#   tests/cluster/image.sh            # all three (cached parts skipped)
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+REPO="$(cd "$HERE/../.." && pwd)"
+IMG="$CACHE/images"
+mkdir -p "$IMG" "$STATE"
+exec 8>"$IMG/.lock"
+flock 8
+
+for tool in buildah debootstrap; do
+  command -v "$tool" >/dev/null || {
+    log "installing $tool (Debian package)"
+    apt_install buildah debootstrap
+  }
+done
+
+# buildah keeps its layers in the cache (reused across runs), its run state in STATE
+BUILDAH=(buildah --root "$IMG/storage" --runroot "$STATE/buildah-run" --storage-driver overlay)
+
+key_of() { sha256sum | cut -c1-12; }
+
+# ---- 1. pause ---------------------------------------------------------------
+pause_key=$(cat "$HERE/go/pause/main.go" "$HERE/go/pause/go.mod" | key_of)
+PAUSE_IMAGE="localhost/envpool-pause:$pause_key"
+pause_tar="$IMG/pause-$pause_key.tar"
+if [ ! -s "$pause_tar" ]; then
+  log "pause image: building $PAUSE_IMAGE"
+  t=$(mktemp -d)
+  (cd "$HERE/go/pause" && CGO_ENABLED=0 GOTOOLCHAIN=local go build -trimpath -ldflags "-s -w" -o "$t/pause" .)
+  c=$("${BUILDAH[@]}" from scratch)
+  "${BUILDAH[@]}" copy "$c" "$t/pause" /pause >/dev/null
+  "${BUILDAH[@]}" config --entrypoint '["/pause"]' --user 65535:65535 "$c"
+  "${BUILDAH[@]}" commit -q "$c" "$PAUSE_IMAGE" >/dev/null
+  "${BUILDAH[@]}" rm "$c" >/dev/null
+  "${BUILDAH[@]}" push -q "$PAUSE_IMAGE" "docker-archive:$pause_tar.tmp:$PAUSE_IMAGE"
+  mv "$pause_tar.tmp" "$pause_tar"; rm -rf "$t"
+fi
+
+# ---- 2. ray base ------------------------------------------------------------
+# The host's CA bundle is bind-mounted for pip at build time only (this machine
+# reaches PyPI through its own CA); the images keep Debian's bundle.
+HOST_CA=/etc/ssl/certs/ca-certificates.crt
+base_key=$( { sed -n '/^# ---- 2. ray base/,/^# ---- 3/p' "$0"; echo "$DEBIAN_SUITE $RAY_VERSION"; } | key_of)
+BASE_IMAGE="localhost/envpool-ray-base:$RAY_VERSION-py311-$base_key"
+base_done="$IMG/base-$base_key.done"
+if [ ! -f "$base_done" ]; then
+  b0=$(date +%s)
+  log "ray base: building $BASE_IMAGE (debootstrap $DEBIAN_SUITE + ray[default]==$RAY_VERSION; a few minutes)"
+  c=$("${BUILDAH[@]}" from scratch)
+  trap '"${BUILDAH[@]}" rm "$c" >/dev/null 2>&1 || true' EXIT
+  m=$("${BUILDAH[@]}" mount "$c")
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,procps \
+    "$DEBIAN_SUITE" "$m" "$DEBIAN_MIRROR" >"$IMG/debootstrap.log" 2>&1 \
+    || { tail -n 30 "$IMG/debootstrap.log" >&2; die "debootstrap failed"; }
+  cp /etc/resolv.conf "$m/etc/resolv.conf"
+  mkdir -p "$m/tmp/hostca" && cp "$HOST_CA" "$m/tmp/hostca/ca.crt"
+  # a clean environment: this machine's REQUESTS_CA_BUNDLE/PIP_* would point pip elsewhere
+  env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 chroot "$m" /bin/sh -euc "
+    useradd --uid 1000 --gid 100 --create-home --home-dir /home/ray --shell /bin/bash ray
+    python3 -m venv /home/ray/venv
+    PIP_CERT=/tmp/hostca/ca.crt /home/ray/venv/bin/pip install -q --no-cache-dir --disable-pip-version-check 'ray[default]==$RAY_VERSION'
+    chown -R 1000:100 /home/ray
+    apt-get clean; rm -rf /var/lib/apt/lists/* /var/cache/apt/* /tmp/hostca
+    : > /etc/resolv.conf
+  " >&2
+  "${BUILDAH[@]}" umount "$c" >/dev/null
+  "${BUILDAH[@]}" config --user 1000:100 --workingdir /home/ray \
+    --env PATH=/home/ray/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env HOME=/home/ray --env LANG=C.UTF-8 --env PIP_CERT=/etc/ssl/certs/ca-certificates.crt --cmd '["/bin/bash"]' \
+    --label "dev.envpool.stand-in-for=rayproject/ray:$RAY_VERSION-py311" "$c"
+  "${BUILDAH[@]}" commit -q "$c" "$BASE_IMAGE" >/dev/null
+  "${BUILDAH[@]}" rm "$c" >/dev/null; trap - EXIT
+  touch "$base_done"
+  log "ray base: built in $(( $(date +%s) - b0 ))s"
+fi
+
+# ---- 3. envpool (the project's Dockerfile) -------------------------------------
+src_key=$( (cd "$REPO" && git ls-files -z Dockerfile pyproject.toml README.md remote_env operator \
+  | xargs -0 sha256sum; echo "$BASE_IMAGE") | key_of)
+ENVPOOL_IMAGE="localhost/envpool:dev-$src_key"
+ENVPOOL_IMAGE_TAR="$IMG/envpool-$src_key.tar"
+if [ ! -s "$ENVPOOL_IMAGE_TAR" ]; then
+  e0=$(date +%s)
+  log "envpool image: buildah bud Dockerfile (RAY_IMAGE=$BASE_IMAGE) -> $ENVPOOL_IMAGE"
+  # build from the committed tree (what CI sees), not from stray files
+  ctx=$(mktemp -d)
+  (cd "$REPO" && git ls-files -z Dockerfile pyproject.toml README.md remote_env operator \
+    | xargs -0 -I{} cp --parents {} "$ctx/")
+  "${BUILDAH[@]}" bud -q --layers --isolation chroot --network host \
+    --build-arg "RAY_IMAGE=$BASE_IMAGE" \
+    -v "$HOST_CA:/etc/ssl/certs/ca-certificates.crt:ro" \
+    -t "$ENVPOOL_IMAGE" -f "$ctx/Dockerfile" "$ctx" >&2
+  rm -rf "$ctx"
+  "${BUILDAH[@]}" push -q "$ENVPOOL_IMAGE" "docker-archive:$ENVPOOL_IMAGE_TAR.tmp:$ENVPOOL_IMAGE"
+  mv "$ENVPOOL_IMAGE_TAR.tmp" "$ENVPOOL_IMAGE_TAR"
+  # older project images: keep the newest few tars only
+  ls -1t "$IMG"/envpool-*.tar 2>/dev/null | tail -n +4 | xargs -r rm -f
+  log "envpool image: built in $(( $(date +%s) - e0 ))s ($(du -m "$ENVPOOL_IMAGE_TAR" | cut -f1) MiB)"
+fi
+
+echo "PAUSE_IMAGE=$PAUSE_IMAGE"
+echo "PAUSE_IMAGE_TAR=$pause_tar"
+echo "BASE_IMAGE=$BASE_IMAGE"
+echo "ENVPOOL_IMAGE=$ENVPOOL_IMAGE"
+echo "ENVPOOL_IMAGE_TAR=$ENVPOOL_IMAGE_TAR"

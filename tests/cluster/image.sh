@@ -6,7 +6,8 @@
 #   2. ray base   a stand-in for `rayproject/ray:<RAY_VERSION>-py311`, the one FROM
 #                 line of the Dockerfile: Debian bookworm (debootstrap) + python3.11
 #                 + ray[default]==RAY_VERSION from PyPI in /home/ray/venv, user ray
-#                 (1000:100) as in the Ray images. Keyed by this recipe's inputs.
+#                 (1000:100) and wget (KubeRay's probes run it) as in the Ray images.
+#                 Keyed by this recipe's inputs.
 #   3. envpool    the project's own Dockerfile built on that base
 #                 (--build-arg RAY_IMAGE=<base>), with --layers, so a source change
 #                 rebuilds only the top layer. Keyed by the Dockerfile, pyproject.toml
@@ -68,7 +69,7 @@ if [ ! -f "$base_done" ]; then
   c=$("${BUILDAH[@]}" from scratch)
   trap '"${BUILDAH[@]}" rm "$c" >/dev/null 2>&1 || true' EXIT
   m=$("${BUILDAH[@]}" mount "$c")
-  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,procps \
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,procps,wget \
     "$DEBIAN_SUITE" "$m" "$DEBIAN_MIRROR" >"$IMG/debootstrap.log" 2>&1 \
     || { tail -n 30 "$IMG/debootstrap.log" >&2; die "debootstrap failed"; }
   cp /etc/resolv.conf "$m/etc/resolv.conf"

@@ -10,6 +10,7 @@
 #   tests/cluster/node.sh down    # called by down.sh: leaves no process, mount,
 #                                 # netns, veth, bridge or iptables rule of ours
 #   tests/cluster/node.sh check   # exit 0 if the node is up and Ready
+#   tests/cluster/node.sh images  # rebuild/import the images after a source change
 #
 # Networking stays on this machine: pods get routes to the pod and Service CIDRs
 # only (no default route), a FORWARD rule drops anything from the bridge to any
@@ -207,27 +208,10 @@ ports:
 YAML
 }
 
-cmd_up() {
-  apt_install containerd runc containernetworking-plugins iptables conntrack socat
-  [ -x "$KUBENODE_BIN/kubelet" ] && [ -x "$KUBENODE_BIN/kube-proxy" ] && [ -x "$COREDNS_BIN/coredns" ] \
-    || die "kubelet/kube-proxy/coredns missing: run tests/cluster/build.sh kubenode coredns"
-  local t0 images pause envtar
-  t0=$(date +%s)
+cmd_images() { # build what changed (image.sh) and import it; images.env names them
+  local images want tar have keep
   log "images (buildah; cached by content)"
   images=$(bash "$HERE/image.sh") || die "image.sh failed"
-  pause=$(echo "$images" | sed -n 's/^PAUSE_IMAGE=//p')
-  envtar=$(echo "$images" | sed -n 's/^ENVPOOL_IMAGE_TAR=//p')
-  write_configs "$pause"
-  echo "$images" >"$ND/images.env"
-  net_up
-
-  if ! pid_alive "$ND/containerd.pid"; then
-    log "starting containerd $(containerd --version | awk '{print $3}') (socket $CTRD_SOCK)"
-    start_bg containerd containerd --config "$ND/containerd/config.toml"
-  fi
-  for _ in $(seq 1 100); do "${CTR[@]}" version >/dev/null 2>&1 && break; sleep 0.1; done
-  "${CTR[@]}" version >/dev/null 2>&1 || { tail -n 30 "$ND/containerd.log" >&2; die "containerd did not start"; }
-  local want have
   for tarvar in PAUSE_IMAGE_TAR ENVPOOL_IMAGE_TAR; do
     tar=$(echo "$images" | sed -n "s/^$tarvar=//p")
     want=$(echo "$images" | sed -n "s/^${tarvar%_TAR}=//p")
@@ -237,15 +221,35 @@ cmd_up() {
       "${CTR[@]}" images import "$tar" >&2
     fi
   done
-  # older project images (other source hashes): drop them
-  local cur
-  cur=$(echo "$images" | sed -n 's/^ENVPOOL_IMAGE=//p')
-  for old in $("${CTR[@]}" images ls -q 2>/dev/null | grep '^localhost/envpool:dev-' | grep -Fxv "$cur"); do
+  # project images whose tar image.sh no longer keeps (it keeps the newest few, so
+  # a test session that started on the previous one still finds it)
+  keep=$(ls -1 "$CACHE"/images/envpool-*.tar 2>/dev/null | sed 's#.*/envpool-\(.*\)\.tar#localhost/envpool:dev-\1#')
+  for old in $("${CTR[@]}" images ls -q 2>/dev/null | grep '^localhost/envpool:dev-' | grep -Fxv "$keep" || true); do
     "${CTR[@]}" images rm "$old" >/dev/null 2>&1 || true
   done
   # the sandbox image must never be pulled or garbage-collected
-  "${CTR[@]}" images label "$pause" io.cri-containerd.pinned=pinned >/dev/null 2>&1 || true
+  "${CTR[@]}" images label "$(echo "$images" | sed -n 's/^PAUSE_IMAGE=//p')" io.cri-containerd.pinned=pinned >/dev/null 2>&1 || true
+  echo "$images" >"$ND/images.env.tmp" && mv "$ND/images.env.tmp" "$ND/images.env"
+}
 
+cmd_up() {
+  apt_install containerd runc containernetworking-plugins iptables conntrack socat
+  [ -x "$KUBENODE_BIN/kubelet" ] && [ -x "$KUBENODE_BIN/kube-proxy" ] && [ -x "$COREDNS_BIN/coredns" ] \
+    || die "kubelet/kube-proxy/coredns missing: run tests/cluster/build.sh kubenode coredns"
+  local t0 pause
+  t0=$(date +%s)
+  mkdir -p "$ND"
+  pause=$(bash "$HERE/image.sh" | sed -n 's/^PAUSE_IMAGE=//p') || die "image.sh failed"
+  write_configs "$pause"
+  net_up
+
+  if ! pid_alive "$ND/containerd.pid"; then
+    log "starting containerd $(containerd --version | awk '{print $3}') (socket $CTRD_SOCK)"
+    start_bg containerd containerd --config "$ND/containerd/config.toml"
+  fi
+  for _ in $(seq 1 100); do "${CTR[@]}" version >/dev/null 2>&1 && break; sleep 0.1; done
+  "${CTR[@]}" version >/dev/null 2>&1 || { tail -n 30 "$ND/containerd.log" >&2; die "containerd did not start"; }
+  cmd_images
   if ! pid_alive "$ND/kubelet.pid"; then
     log "starting kubelet $KUBE_VERSION as node $NODE_NAME ($NODE_IP)"
     start_bg kubelet "$KUBENODE_BIN/kubelet" --config "$ND/kubelet/config.yaml" \
@@ -278,7 +282,7 @@ cmd_up() {
   node_ready || { tail -n 40 "$ND/kubelet.log" >&2; die "node $NODE_NAME not Ready after 120s"; }
   for _ in $(seq 1 60); do curl -fsS http://127.0.0.1:18181/ready >/dev/null 2>&1 && break; sleep 0.5; done
   curl -fsS http://127.0.0.1:18181/ready >/dev/null 2>&1 || { tail -n 20 "$ND/coredns.log" >&2; die "CoreDNS not ready"; }
-  log "node $NODE_NAME Ready in $(( $(date +%s) - t0 ))s (image $(echo "$images" | sed -n 's/^ENVPOOL_IMAGE=//p'))"
+  log "node $NODE_NAME Ready in $(( $(date +%s) - t0 ))s (image $(sed -n 's/^ENVPOOL_IMAGE=//p' "$ND/images.env"))"
 }
 
 cmd_down() {
@@ -355,5 +359,6 @@ case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
   check) pid_alive "$ND/kubelet.pid" && node_ready ;;
-  *) echo "usage: $0 up|down|check" >&2; exit 2 ;;
+  images) pid_alive "$ND/containerd.pid" || die "containerd is not running (node.sh up)"; cmd_images ;;
+  *) echo "usage: $0 up|down|check|images" >&2; exit 2 ;;
 esac

@@ -48,6 +48,8 @@ fi
 # ---- 1. reuse -------------------------------------------------------------
 if healthy; then
   log "cluster '$CLUSTER_NAME' already up and healthy: reusing"
+  # the project image follows the source (a change rebuilds its top layer)
+  if [ "$REAL_NODE" = 1 ]; then bash "$HERE/node.sh" images 9>&- || die "node images failed"; fi
   print_export
   exit 0
 fi

@@ -237,6 +237,15 @@ def _head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> 
             {"name": "pool-config", "mountPath": CONFIG_DIR, "readOnly": True},
         ],
     }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": service_account_name(pool.name),
+        "automountServiceAccountToken": True,  # the pool server reports status
+        "securityContext": _pod_security(),
+        # KubeRay treats containers[0] as the Ray container.
+        "containers": [ray_head, pool_server],
+        "volumes": _volumes(config=config_map_name(pool.name)),
+    }
+    _place(pod_spec, pool.ray.head.node_selector, pool.ray.head.tolerations)
     return {
         "metadata": {
             "labels": pod_labels,
@@ -246,15 +255,15 @@ def _head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> 
                 "prometheus.io/path": "/metrics",
             },
         },
-        "spec": {
-            "serviceAccountName": service_account_name(pool.name),
-            "automountServiceAccountToken": True,  # the pool server reports status
-            "securityContext": _pod_security(),
-            # KubeRay treats containers[0] as the Ray container.
-            "containers": [ray_head, pool_server],
-            "volumes": _volumes(config=config_map_name(pool.name)),
-        },
+        "spec": pod_spec,
     }
+
+
+def _place(pod_spec: dict[str, Any], node_selector: Any, tolerations: Any) -> None:
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in tolerations]
 
 
 def _worker_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> dict[str, Any]:
@@ -272,10 +281,7 @@ def _worker_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -
         }],
         "volumes": _volumes(config=None),
     }
-    if worker.node_selector:
-        pod_spec["nodeSelector"] = dict(worker.node_selector)
-    if worker.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in worker.tolerations]
+    _place(pod_spec, worker.node_selector, worker.tolerations)
     return {
         "metadata": {"labels": {**labels(pool.name), "app.kubernetes.io/component": "worker"}},
         "spec": pod_spec,

@@ -102,7 +102,7 @@ OBJECTS: Final[dict[str, tuple[str, ...]]] = {
     "spec.faultTolerance": ("restartFailedEnvs", "stepTimeoutSeconds", "maxRestarts",
                             "restartBackoffSeconds"),
     "spec.ray": ("version", "image", "head", "worker", "runtimeEnv"),
-    "spec.ray.head": ("resources",),
+    "spec.ray.head": ("resources", "nodeSelector", "tolerations"),
     "spec.ray.worker": ("resources", "envsPerWorker", "nodeSelector", "tolerations"),
     "spec.metrics": ("port",),
     "resources": ("requests", "limits"),

@@ -63,6 +63,8 @@ class Resources:
 @dataclasses.dataclass(frozen=True)
 class HeadSpec:
     resources: Resources
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +168,11 @@ class PoolSpec:
             "ray": {
                 "version": self.ray.version,
                 "image": self.ray.image,
-                "head": {"resources": self.ray.head.resources.to_manifest()},
+                "head": {
+                    "resources": self.ray.head.resources.to_manifest(),
+                    "nodeSelector": dict(self.ray.head.node_selector),
+                    "tolerations": [dict(t) for t in self.ray.head.tolerations],
+                },
                 "worker": {
                     "resources": worker.resources.to_manifest(),
                     "envsPerWorker": worker.envs_per_worker,

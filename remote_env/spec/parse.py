@@ -51,16 +51,16 @@ def _parse_env(c: checker.Checker, raw: Any) -> model.EnvSpec:
                          multi_agent=c.boolean(env, "spec.env.multiAgent"))
 
 
-def _parse_tolerations(c: checker.Checker, raw: Any) -> tuple[Mapping[str, Any], ...]:
+def _parse_tolerations(c: checker.Checker, raw: Any, where: str) -> tuple[Mapping[str, Any], ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        c.fail("spec.ray.worker.tolerations", f"expected a list, got {raw!r}")
+        c.fail(f"{where}.tolerations", f"expected a list, got {raw!r}")
         return ()
-    c.count(raw, "spec.ray.worker.tolerations", fields.MAX_TOLERATIONS)
+    c.count(raw, f"{where}.tolerations", fields.MAX_TOLERATIONS)
     out: list[Mapping[str, Any]] = []
     for i, item in enumerate(raw):
-        path = f"spec.ray.worker.tolerations[{i}]"
+        path = f"{where}.tolerations[{i}]"
         tol = c.mapping(item, path)
         c.known(tol, path, "toleration")
         for key, most in (("key", fields.MAX_TOLERATION_KEY_LENGTH),
@@ -85,8 +85,8 @@ def _parse_tolerations(c: checker.Checker, raw: Any) -> tuple[Mapping[str, Any],
     return tuple(out)
 
 
-def _parse_node_selector(c: checker.Checker, raw: Any) -> dict[str, str]:
-    path = "spec.ray.worker.nodeSelector"
+def _parse_node_selector(c: checker.Checker, raw: Any, where: str) -> dict[str, str]:
+    path = f"{where}.nodeSelector"
     node_selector = c.mapping(raw, path)
     c.count(node_selector, path, fields.MAX_NODE_SELECTOR)
     for key, val in node_selector.items():
@@ -114,12 +114,15 @@ def _parse_ray(c: checker.Checker, raw: Any) -> model.RaySpec:
         version=version,
         image=image,
         head=model.HeadSpec(
-            resources=c.resources(head.get("resources"), "spec.ray.head.resources")),
+            resources=c.resources(head.get("resources"), "spec.ray.head.resources"),
+            node_selector=_parse_node_selector(c, head.get("nodeSelector"), "spec.ray.head"),
+            tolerations=_parse_tolerations(c, head.get("tolerations"), "spec.ray.head"),
+        ),
         worker=model.WorkerSpec(
             resources=c.resources(worker.get("resources"), "spec.ray.worker.resources"),
             envs_per_worker=c.integer(worker, "spec.ray.worker.envsPerWorker"),
-            node_selector=_parse_node_selector(c, worker.get("nodeSelector")),
-            tolerations=_parse_tolerations(c, worker.get("tolerations")),
+            node_selector=_parse_node_selector(c, worker.get("nodeSelector"), "spec.ray.worker"),
+            tolerations=_parse_tolerations(c, worker.get("tolerations"), "spec.ray.worker"),
         ),
         runtime_env=dict(c.mapping(ray.get("runtimeEnv"), "spec.ray.runtimeEnv")),
     )

@@ -139,7 +139,7 @@ def test_resources_pass_through_or_default() -> None:
     assert head["resources"] == builders.DEFAULT_HEAD_RESOURCES
 
 
-def test_scheduling_fields_only_on_workers() -> None:
+def test_scheduling_fields_of_each_group_go_to_its_pods_only() -> None:
     tol = {"key": "dedicated", "operator": "Equal", "value": "sim", "effect": "NoSchedule"}
     pool = _pool(ray={"worker": {"nodeSelector": {"pool": "sim"}, "tolerations": [tol]}})
     rc = builders.build_ray_cluster(pool, SETTINGS)
@@ -147,6 +147,25 @@ def test_scheduling_fields_only_on_workers() -> None:
     assert wspec["nodeSelector"] == {"pool": "sim"}
     assert wspec["tolerations"] == [tol]
     assert "nodeSelector" not in _head(rc)["spec"]
+    assert "tolerations" not in _head(rc)["spec"]
+
+    head_tol = {"key": "control", "operator": "Exists", "effect": "NoSchedule"}
+    pool = _pool(ray={"head": {"nodeSelector": {"tier": "control"}, "tolerations": [head_tol]}})
+    rc = builders.build_ray_cluster(pool, SETTINGS)
+    assert _head(rc)["spec"]["nodeSelector"] == {"tier": "control"}
+    assert _head(rc)["spec"]["tolerations"] == [head_tol]
+    assert "nodeSelector" not in rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    # the pool server reads the same placement back from its config document
+    doc = yaml.safe_load(builders.build_config_map(pool)["data"][builders.CONFIG_KEY])
+    assert doc["spec"]["ray"]["head"]["tolerations"] == [head_tol]
+
+
+def test_head_placement_errors_name_the_head() -> None:
+    with pytest.raises(spec.SpecError) as err:
+        _pool(ray={"head": {"nodeSelector": {"a": 1}, "tolerations": [{"operator": "Sometimes"}]}})
+    text = str(err.value)
+    assert "spec.ray.head.nodeSelector.a" in text
+    assert "spec.ray.head.tolerations[0].operator" in text
 
 
 def test_rbac_is_least_privilege_for_own_envpool() -> None:

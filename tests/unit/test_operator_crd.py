@@ -128,8 +128,9 @@ def test_every_crd_object_has_the_model_fields(crd: dict[str, Any]) -> None:
 def test_every_crd_bound_is_in_the_model(crd: dict[str, Any]) -> None:
     # the other direction: a default or bound in the CRD that the model lacks
     bounded = ("default", "minimum", "maximum", "enum", "minLength", "maxLength")
-    model_paths = set(spec.fields.FIELDS) | {"spec.ray.worker.tolerations[].operator",
-                                               "spec.ray.worker.tolerations[].effect"}
+    model_paths = set(spec.fields.FIELDS) | {
+        f"spec.ray.{group}.tolerations[].{key}"
+        for group in ("head", "worker") for key in ("operator", "effect")}
     found: list[str] = []
 
     def walk(node: dict[str, Any], path: str) -> None:
@@ -143,19 +144,22 @@ def test_every_crd_bound_is_in_the_model(crd: dict[str, Any]) -> None:
 
     walk(_spec_schema(crd), "spec")
     # label values and toleration keys: the model checks them with fields.MAX_* constants
-    lengths = {"spec.ray.worker.tolerations[].key": spec.fields.MAX_TOLERATION_KEY_LENGTH,
-               "spec.ray.worker.tolerations[].value": spec.fields.MAX_LABEL_VALUE_LENGTH}
+    lengths: dict[str, int] = {}
     schema = _spec_schema(crd)
-    tol = schema["properties"]["ray"]["properties"]["worker"]["properties"]["tolerations"]
-    assert tol["maxItems"] == spec.fields.MAX_TOLERATIONS
-    for key, most in lengths.items():
-        assert tol["items"]["properties"][key.rsplit(".", 1)[1]]["maxLength"] == most
-    assert tuple(tol["items"]["properties"]["operator"]["enum"]) == \
-        spec.fields.TOLERATION_OPERATORS
-    assert tuple(tol["items"]["properties"]["effect"]["enum"]) == spec.fields.TOLERATION_EFFECTS
-    sel = schema["properties"]["ray"]["properties"]["worker"]["properties"]["nodeSelector"]
-    assert sel["maxProperties"] == spec.fields.MAX_NODE_SELECTOR
-    assert sel["additionalProperties"]["maxLength"] == spec.fields.MAX_LABEL_VALUE_LENGTH
+    for group in ("head", "worker"):  # both pods' placement, checked alike
+        group_lengths = {f"spec.ray.{group}.tolerations[].key": spec.fields.MAX_TOLERATION_KEY_LENGTH,
+                         f"spec.ray.{group}.tolerations[].value": spec.fields.MAX_LABEL_VALUE_LENGTH}
+        lengths.update(group_lengths)
+        tol = schema["properties"]["ray"]["properties"][group]["properties"]["tolerations"]
+        assert tol["maxItems"] == spec.fields.MAX_TOLERATIONS
+        for key, most in group_lengths.items():
+            assert tol["items"]["properties"][key.rsplit(".", 1)[1]]["maxLength"] == most
+        assert tuple(tol["items"]["properties"]["operator"]["enum"]) == \
+            spec.fields.TOLERATION_OPERATORS
+        assert tuple(tol["items"]["properties"]["effect"]["enum"]) == spec.fields.TOLERATION_EFFECTS
+        sel = schema["properties"]["ray"]["properties"][group]["properties"]["nodeSelector"]
+        assert sel["maxProperties"] == spec.fields.MAX_NODE_SELECTOR
+        assert sel["additionalProperties"]["maxLength"] == spec.fields.MAX_LABEL_VALUE_LENGTH
     quantities = _node(schema, "resources")["properties"]["requests"]
     assert quantities["maxProperties"] == spec.fields.MAX_QUANTITIES
     assert quantities["additionalProperties"]["maxLength"] == spec.fields.MAX_QUANTITY_LENGTH

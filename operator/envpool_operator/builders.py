@@ -238,6 +238,7 @@ def _head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> 
         ],
     }
     pod_spec: dict[str, Any] = {
+        "enableServiceLinks": False,
         "serviceAccountName": service_account_name(pool.name),
         "automountServiceAccountToken": True,  # the pool server reports status
         "securityContext": _pod_security(),
@@ -269,6 +270,9 @@ def _place(pod_spec: dict[str, Any], node_selector: Any, tolerations: Any) -> No
 def _worker_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> dict[str, Any]:
     worker = pool.ray.worker
     pod_spec: dict[str, Any] = {
+        # Service env vars (<SVC>_PORT=tcp://...) would shadow ENVPOOL_*/RAY_* settings
+        # whenever a Service in the namespace has a matching name.
+        "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "securityContext": _pod_security(),
         "containers": [{

@@ -191,6 +191,8 @@ def test_defaults_render_the_install(helm: str) -> None:
     assert pod["spec"]["automountServiceAccountToken"] is False
     # neither the Deployment nor the metrics Service may select the test pod
     dep = by_kind(docs, "Deployment")[0]
+    # its metrics Service "<release>-metrics" must not inject ENVPOOL_OPERATOR_METRICS_PORT=tcp://...
+    assert dep["spec"]["template"]["spec"]["enableServiceLinks"] is False
     svc = by_kind(docs, "Service")[0]
     for selector in (dep["spec"]["selector"]["matchLabels"], svc["spec"]["selector"]):
         assert not selector.items() <= pod["metadata"]["labels"].items()

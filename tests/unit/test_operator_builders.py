@@ -240,3 +240,10 @@ def test_builders_are_deterministic_and_do_not_share_state() -> None:
     assert b["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
     assert json.dumps(b, sort_keys=True) == json.dumps(
         builders.build_ray_cluster(_pool(), SETTINGS), sort_keys=True)
+
+
+def test_no_service_links_in_pool_pods() -> None:
+    # A Service named e.g. "envpool-config" would otherwise inject ENVPOOL_CONFIG_PORT=tcp://...
+    rc = builders.build_ray_cluster(_pool(), SETTINGS)
+    assert _head(rc)["spec"]["enableServiceLinks"] is False
+    assert rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["enableServiceLinks"] is False

@@ -3,14 +3,21 @@
 Why: a Ray actor call costs ~1-2 ms on 2 cores, a Unix-socket round trip ~0.2 ms
 (measured side by side, see README "Transport"). For cheap envs that overhead *is*
 the throughput. So Ray keeps placing, starting, supervising and killing the actors,
-and only the hot calls (``step``/``reset``) of actors on the driver's own node go
-over a socket the actor opens on request, the way gymnasium's AsyncVectorEnv talks
-to its workers through pipes. Actors on other nodes keep using Ray calls.
+and only the hot calls (``step``/``reset``/``call``) of actors on the driver's own
+node go over a socket the actor opens on request, the way gymnasium's AsyncVectorEnv
+talks to its workers through pipes. Actors on other nodes keep using Ray calls.
 
-Safety: the socket lives in a fresh 0700 directory and the connection is
-authenticated with a random key handed over through Ray (``multiprocessing``'s
-HMAC challenge), so another local user cannot step or read the envs. Nothing
-listens on a network interface.
+Safety: the socket lives in a fresh 0700 directory and each connection is
+authenticated both ways with a random key handed over through Ray (an HMAC-SHA256
+challenge, on the connection's own thread and within ``AUTH_TIMEOUT_S``: a client
+that connects and says nothing never blocks the next one). Nothing listens on a
+network interface.
+
+Messages: every call carries an id and every reply the id of its call, so a reply
+that cannot be decoded fails its own call only and is never paired with another.
+Values are encoded as Ray encodes them: by reference where plain pickle can, by
+value (cloudpickle) where it cannot (classes of ``__main__`` or local ones), so
+whatever crosses ``transport="ray"`` crosses the socket too.
 
 ``wait``/``get`` accept Ray ``ObjectRef`` s and :class:`ChannelCall` s alike, so the
 vector env's fault handling (hangs, dead actors) is the same for both transports:
@@ -20,19 +27,35 @@ handled like Ray's ``RayActorError``.
 
 from __future__ import annotations
 
-import collections
+import hashlib
+import hmac
+import itertools
 import math
 import os
+import pickle
 import secrets
 import select
 import shutil
+import socket
+import struct
 import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection
 from typing import Any
+
+import cloudpickle
+
+AUTH_TIMEOUT_S = 5.0
+_NONCE = 32
+_ID = struct.Struct("!Q")
+_REPLY = struct.Struct("!QB")
+_OK, _ERR = 0, 1
+
+__all__ = ["AuthenticationError", "ChannelClosedError", "RemoteCallError", "ResultDecodeError"]
 
 # ----------------------------------------------------------------- errors
 
@@ -52,59 +75,120 @@ class RemoteCallError(Exception):
         return RemoteCallError, (str(self), self.remote_traceback)
 
 
+class ResultDecodeError(Exception):
+    """A reply arrived for its call but could not be unpickled on the driver."""
+
+
+# ----------------------------------------------------------------- encoding
+
+
+def dumps(value: Any) -> bytes:
+    """Plain pickle where it can (fast), cloudpickle (by value) where it cannot."""
+    try:
+        return pickle.dumps(value, protocol=5)
+    except Exception:  # a local or __main__ class, a lambda: Ray pickles those by value too
+        return cloudpickle.dumps(value, protocol=5)  # type: ignore[no-any-return]
+
+
+def _digest(key: bytes, role: bytes, nonce: bytes) -> bytes:
+    return hmac.new(key, role + nonce, hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise AuthenticationError("the peer closed the connection during authentication")
+        buf += chunk
+    return buf
+
+
+def _server_handshake(sock: socket.socket, key: bytes) -> None:
+    nonce = secrets.token_bytes(_NONCE)
+    sock.sendall(nonce)
+    answer = _recv_exact(sock, 32 + _NONCE)
+    if not hmac.compare_digest(answer[:32], _digest(key, b"client", nonce)):
+        raise AuthenticationError("the client does not hold the channel key")
+    sock.sendall(_digest(key, b"server", answer[32:]))
+
+
+def _client_handshake(sock: socket.socket, key: bytes) -> None:
+    nonce = _recv_exact(sock, _NONCE)
+    mine = secrets.token_bytes(_NONCE)
+    sock.sendall(_digest(key, b"client", nonce) + mine)
+    if not hmac.compare_digest(_recv_exact(sock, 32), _digest(key, b"server", mine)):
+        raise AuthenticationError("the channel server does not hold the key")
+
+
 # --------------------------------------------------------------- actor side
 
 
 class ChannelServer:
     """Serves ``handler(message)`` to the drivers that connect (one thread each).
 
-    The handler runs on a thread of its own; the host serialises it with its
+    The handler runs on the connection's thread; the host serialises it with its
     Ray-called methods under one lock.
     """
 
-    def __init__(self, handler: Callable[[Any], Any]) -> None:
+    def __init__(self, handler: Callable[[Any], Any],
+                 auth_timeout_s: float = AUTH_TIMEOUT_S) -> None:
         self._handler = handler
+        self._auth_timeout_s = auth_timeout_s
         self._dir = tempfile.mkdtemp(prefix="envpool-chan-")  # mkdtemp: mode 0700
         self.address = os.path.join(self._dir, "s")
         self.authkey = secrets.token_bytes(32)
-        self._listener = Listener(self.address, "AF_UNIX", authkey=self.authkey)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(self.address)
+        self._sock.listen(64)
         self._closed = False
         threading.Thread(target=self._accept, name="envpool-chan", daemon=True).start()
 
     def _accept(self) -> None:
         while not self._closed:
             try:
-                conn = self._listener.accept()
-            except Exception:  # closed, or a client failed authentication
+                sock, _ = self._sock.accept()
+            except OSError:
                 if self._closed:
                     return
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="envpool-chan-conn",
+            threading.Thread(target=self._serve, args=(sock,), name="envpool-chan-conn",
                              daemon=True).start()
 
-    def _serve(self, conn: Connection) -> None:
-        with conn:
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            sock.settimeout(self._auth_timeout_s)
+            _server_handshake(sock, self.authkey)
+            sock.settimeout(None)
+        except (OSError, AuthenticationError):  # wrong key, silent or gone: drop it
+            sock.close()
+            return
+        with Connection(sock.detach()) as conn:
             while True:
                 try:
-                    message = conn.recv()
+                    data = conn.recv_bytes()
                 except (EOFError, OSError):  # the driver closed or died
                     return
+                (call_id,) = _ID.unpack_from(data)
                 try:
-                    reply: Any = self._handler(message)
-                    conn.send(reply)
-                except (BrokenPipeError, ConnectionError):
+                    reply = _REPLY.pack(call_id, _OK) + dumps(
+                        self._handler(pickle.loads(data[_ID.size:])))
+                except Exception as exc:  # decoding the call, the handler or the reply failed
+                    reply = _REPLY.pack(call_id, _ERR) + pickle.dumps(
+                        RemoteCallError(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+                try:
+                    conn.send_bytes(reply)
+                except (OSError, EOFError):
                     return
-                except Exception as exc:  # the handler or pickling the reply failed
-                    try:
-                        conn.send(RemoteCallError(f"{type(exc).__name__}: {exc}",
-                                                  traceback.format_exc()))
-                    except Exception:
-                        return
 
     def close(self) -> None:
         self._closed = True
         try:
-            self._listener.close()
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept thread
+        except OSError:
+            pass
+        try:
+            self._sock.close()
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -125,11 +209,22 @@ class ChannelCall:
 
 
 class Channel:
-    """The driver's connection to one host actor. Replies come back in call order."""
+    """The driver's connection to one host actor; replies are matched by call id."""
 
-    def __init__(self, address: str, authkey: bytes) -> None:
-        self._conn = Client(address, "AF_UNIX", authkey=authkey)
-        self._pending: collections.deque[ChannelCall] = collections.deque()
+    def __init__(self, address: str, authkey: bytes,
+                 auth_timeout_s: float = AUTH_TIMEOUT_S) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(auth_timeout_s)
+            sock.connect(address)
+            _client_handshake(sock, authkey)
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
+        self._conn = Connection(sock.detach())
+        self._pending: dict[int, ChannelCall] = {}
+        self._ids = itertools.count(1)
         self.closed = False
 
     def call(self, message: Any) -> ChannelCall:
@@ -137,13 +232,15 @@ class Channel:
         if self.closed:
             call.done, call.error = True, ChannelClosedError("the channel was closed")
             return call
+        call_id = next(self._ids)
+        data = _ID.pack(call_id) + dumps(message)
         try:
-            self._conn.send(message)
+            self._conn.send_bytes(data)
         except (OSError, EOFError) as exc:
             self._fail_all(ChannelClosedError(f"the host actor is gone: {exc}"))
             call.done, call.error = True, ChannelClosedError(f"the host actor is gone: {exc}")
             return call
-        self._pending.append(call)
+        self._pending[call_id] = call
         return call
 
     @property
@@ -155,24 +252,33 @@ class Channel:
         return self._conn
 
     def read_one(self) -> None:
-        """Read the next reply (the connection is readable) into the oldest call."""
+        """Read the next reply (the connection is readable) into its call."""
         try:
-            reply = self._conn.recv()
+            data = self._conn.recv_bytes()
         except (EOFError, OSError) as exc:
             self._fail_all(ChannelClosedError(
                 f"the host actor closed its channel ({type(exc).__name__}): it died"))
             return
-        call = self._pending.popleft()
+        call_id, status = _REPLY.unpack_from(data)
+        call = self._pending.pop(call_id, None)
+        if call is None:  # not ours (a call dropped on our side): nothing waits for it
+            return
         call.done = True
-        if isinstance(reply, RemoteCallError):
-            call.error = reply
+        try:
+            value = pickle.loads(data[_REPLY.size:])
+        except Exception as exc:  # e.g. a class only the actor's runtime env can import
+            call.error = ResultDecodeError(
+                f"the actor's reply could not be decoded here: {type(exc).__name__}: {exc}")
+            return
+        if status == _ERR:
+            call.error = value
         else:
-            call.value = reply
+            call.value = value
 
     def _fail_all(self, error: BaseException) -> None:
         self.close()
-        while self._pending:
-            call = self._pending.popleft()
+        pending, self._pending = self._pending, {}
+        for call in pending.values():
             call.done, call.error = True, error
 
     def close(self) -> None:
@@ -214,6 +320,8 @@ def wait(refs: Sequence[Any], num_returns: int, timeout: float | None,
     """``ray.wait`` over Ray refs and :class:`ChannelCall` s; input order kept."""
     calls = [r for r in refs if isinstance(r, ChannelCall)]
     if not calls:
+        if not refs:
+            return [], []
         return ray.wait(list(refs), num_returns=num_returns, timeout=timeout)  # type: ignore[no-any-return]
     ray_refs = [r for r in refs if not isinstance(r, ChannelCall)]
     deadline = None if timeout is None else time.perf_counter() + timeout

@@ -13,6 +13,7 @@ __all__ = [
     "AlreadyPendingCallError",
     "ClosedEnvironmentError",
     "NoAsyncCallError",
+    "ResultError",
     "SubEnvironmentError",
     "SubEnvironmentFailedError",
 ]
@@ -37,3 +38,10 @@ class SubEnvironmentError(RuntimeError):
 
 class SubEnvironmentFailedError(SubEnvironmentError):
     """A sub-environment kept failing after ``max_restarts`` restarts."""
+
+
+class ResultError(SubEnvironmentError):
+    """A call's result reached the driver but could not be received (``RaySystemError``,
+    a reply that does not unpickle here, e.g. an object whose class only the actor's
+    runtime env can import). The envs are not restarted (it is not their fault); the
+    vector env stays usable."""

@@ -163,6 +163,8 @@ class SubEnvHost:
         self._multi_agent_hint = multi_agent_hint
         self._multi_agent = False
         self._box_obs = False
+        self._obs_shape: tuple[int, ...] | None = None
+        self._discrete_obs = False
         self._pool = _Gang(threads) if threads > 1 else None
         # envs with astep/areset: awaited together on this loop, run by a thread of its
         # own (made on first use), so it works whichever thread (Ray's or a channel's)
@@ -205,12 +207,18 @@ class SubEnvHost:
             if self._multi_agent_hint is not None
             else multi_agent.is_multi_agent(env)
         )
-        if self._multi_agent:
-            obs_space, act_space = multi_agent.spaces(env)
-        else:
-            obs_space, act_space = env.observation_space, env.action_space
+        obs_space, act_space = self._spaces(env)
         self._box_obs = isinstance(obs_space, gym.spaces.Box)
+        self._obs_shape = obs_space.shape if self._box_obs else None
+        self._discrete_obs = isinstance(obs_space, gym.spaces.Discrete)
         self._async = not self._multi_agent and has_async_api(env)
+        # the driver refuses spaces that differ (as SyncVectorEnv does), whichever
+        # actor the envs landed in: say which slots differ from the first
+        other_spaces = {}
+        for slot in self._slots[1:]:
+            spaces = self._spaces(slot.env)
+            if spaces != (obs_space, act_space):
+                other_spaces[slot.index] = spaces
         self._info = {
             "num_envs": len(self._slots),
             "observation_space": obs_space,
@@ -219,9 +227,15 @@ class SubEnvHost:
             "render_mode": getattr(env, "render_mode", None),
             "multi_agent": self._multi_agent,
             "async_steps": self._async,
+            "other_spaces": other_spaces,
             "pid": os.getpid(),
         }
         return {**self._info, "failures": failures}
+
+    def _spaces(self, env: Any) -> tuple[Any, Any]:
+        if self._multi_agent:
+            return multi_agent.spaces(env)
+        return env.observation_space, env.action_space
 
     def describe(self) -> dict[str, Any] | None:
         """What :meth:`start` returned, for a driver adopting a running host."""
@@ -326,17 +340,25 @@ class SubEnvHost:
             return self._pack(positions, results, is_reset=False)
 
     def call(self, positions: Sequence[int], name: str, args: Any, kwargs: Any) -> list[Any]:
+        """``name`` of each env, called if callable; through wrappers, as SyncVectorEnv."""
         with self._lock:
             out = []
             for p in positions:
-                attr = getattr(self._slots[p].env, name)
+                env = self._slots[p].env
+                get = getattr(env, "get_wrapper_attr", None)
+                attr = get(name) if get is not None else getattr(env, name)
                 out.append(attr(*args, **kwargs) if callable(attr) else attr)
             return out
 
     def set_attr(self, positions: Sequence[int], name: str, values: Sequence[Any]) -> None:
+        """Set ``name`` where a wrapper or the env defines it (``set_wrapper_attr``)."""
         with self._lock:
             for p, v in zip(positions, values, strict=True):
-                setattr(self._slots[p].env, name, v)
+                env = self._slots[p].env
+                if hasattr(env, "set_wrapper_attr"):
+                    env.set_wrapper_attr(name, v)
+                else:
+                    setattr(env, name, v)
 
     def seeds(self) -> list[int | None]:
         return [s.seed for s in self._slots]
@@ -436,6 +458,11 @@ async def _do_reset(
         obs, info = await slot.env.areset(seed=seed, options=options)
     else:
         obs, info = slot.env.reset(seed=seed, options=options)
+    if not host._multi_agent:
+        _check_obs(host, obs, "reset")
+        if not isinstance(info, dict):
+            raise MalformedResultError(f"reset returned info of type {type(info).__name__}, "
+                                       "expected a dict")
     slot.needs_reset = False
     slot.fresh = False
     slot.last_obs = obs
@@ -479,6 +506,7 @@ async def _step_one(host: SubEnvHost, slot: _Slot, action: Any) -> Any:
                 obs, rew, term, trunc, info = await slot.env.astep(action)
             else:
                 obs, rew, term, trunc, info = slot.env.step(action)
+            _check_step(host, obs, rew, term, trunc, info)
             done = bool(term or trunc)
     except Exception as exc:
         return await _failed_step(host, slot, exc)
@@ -519,6 +547,48 @@ async def _failed_step(host: SubEnvHost, slot: _Slot, exc: BaseException) -> Any
     elif not failure.permanent and host._mode is AutoresetMode.DISABLED:
         slot.needs_reset = True
     return obs, rew, term, trunc, info, failure
+
+
+class MalformedResultError(TypeError):
+    """An env's step/reset returned something gymnasium's contract does not allow."""
+
+
+_SCALARS = (float, int, np.floating, np.integer)
+_FLAGS = (bool, np.bool_)
+
+
+def _check_obs(host: SubEnvHost, obs: Any, where: str) -> None:
+    if host._obs_shape is not None:
+        shape = getattr(obs, "shape", None)
+        if shape != host._obs_shape and np.shape(obs) != host._obs_shape:
+            raise MalformedResultError(
+                f"{where} returned an observation of shape {np.shape(obs)}, expected "
+                f"{host._obs_shape} (the observation space's shape)")
+    elif host._discrete_obs and np.ndim(obs) != 0:
+        raise MalformedResultError(
+            f"{where} returned an observation of shape {np.shape(obs)} for a Discrete space")
+
+
+def _check_step(host: SubEnvHost, obs: Any, rew: Any, term: Any, trunc: Any, info: Any) -> None:
+    """Refuse a malformed result here, as this env's failure: packed with its siblings'
+    it would fail the whole actor's call."""
+    if not isinstance(rew, _SCALARS) and (
+        isinstance(rew, (str, bytes)) or np.ndim(rew) != 0
+        or np.asarray(rew).dtype.kind not in "biuf"
+    ):
+        raise MalformedResultError(
+                f"step returned reward {rew!r} ({type(rew).__name__}), expected a real number")
+    for name, flag in (("terminated", term), ("truncated", trunc)):
+        if not isinstance(flag, _FLAGS) and (
+            isinstance(flag, (str, bytes)) or np.ndim(flag) != 0
+            or np.asarray(flag).dtype.kind not in "biu"
+        ):
+            raise MalformedResultError(
+                f"step returned {name}={flag!r} ({type(flag).__name__}), expected a bool")
+    if not isinstance(info, dict):
+        raise MalformedResultError(f"step returned info of type {type(info).__name__}, "
+                                   "expected a dict")
+    _check_obs(host, obs, "step")
 
 
 class _Gang:

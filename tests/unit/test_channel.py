@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import threading
 import time
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,24 @@ def _handler(message: Any) -> Any:
         return message[1]
     if kind == "unpicklable":
         return threading.Lock()  # the reply itself cannot be pickled
+    if kind == "undecodable":
+        return _Undecodable()  # pickles on the server, raises when the driver loads it
+    if kind == "local":
+        class Local:  # a class plain pickle cannot find by name (as one in __main__)
+            def __init__(self) -> None:
+                self.x = 3
+
+        return Local()
     raise KeyError(f"no such call {kind}")
+
+
+def _explode() -> None:
+    raise ImportError("No module named 'only_in_the_actors_runtime_env'")
+
+
+class _Undecodable:
+    def __reduce__(self) -> Any:
+        return _explode, ()
 
 
 @pytest.fixture
@@ -95,8 +112,44 @@ def test_the_socket_is_private_and_needs_the_key(server: Any) -> None:
     mode = stat.S_IMODE(os.stat(os.path.dirname(server.address)).st_mode)
     assert mode == 0o700, oct(mode)
     with pytest.raises(AuthenticationError):
-        Client(server.address, "AF_UNIX", authkey=b"not the key")
+        channel.Channel(server.address, b"not the key")
     # the server survives the bad client and still serves the right one
     ch = channel.Channel(server.address, server.authkey)
     assert channel.get(ch.call(("echo", "ok")), _NoRay()) == "ok"
+    ch.close()
+
+
+def test_a_silent_client_blocks_no_one_and_is_dropped_after_the_auth_timeout() -> None:
+    srv = channel.ChannelServer(_handler, auth_timeout_s=0.5)
+    try:
+        silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        silent.connect(srv.address)  # connects, never answers the challenge
+        t0 = time.perf_counter()
+        ch = channel.Channel(srv.address, srv.authkey)
+        assert channel.get(ch.call(("echo", 1)), _NoRay()) == 1
+        assert time.perf_counter() - t0 < 0.4, "the new channel waited for the silent client"
+        silent.settimeout(5)
+        assert len(silent.recv(64)) == 32  # the challenge
+        assert silent.recv(64) == b"", "the silent client is dropped after auth_timeout_s"
+        silent.close()
+        ch.close()
+    finally:
+        srv.close()
+
+
+def test_an_undecodable_reply_fails_its_own_call_only(server: Any) -> None:
+    ch = channel.Channel(server.address, server.authkey)
+    bad, good = ch.call(("undecodable",)), ch.call(("echo", 7))
+    with pytest.raises(channel.ResultDecodeError, match="only_in_the_actors_runtime_env"):
+        channel.get(bad, _NoRay())
+    assert channel.get(good, _NoRay()) == 7  # never paired with the failed call
+    assert channel.get(ch.call(("echo", 8)), _NoRay()) == 8
+    ch.close()
+
+
+def test_values_plain_pickle_cannot_name_cross_by_value(server: Any) -> None:
+    ch = channel.Channel(server.address, server.authkey)
+    assert channel.get(ch.call(("local",)), _NoRay()).x == 3
+    # and the other way: a lambda in the call itself
+    assert channel.get(ch.call(("echo", lambda: 5)), _NoRay())() == 5
     ch.close()

@@ -1,0 +1,168 @@
+"""Result assembly: host Batches in, gymnasium-shaped batched results out.
+
+Holds the driver's copy of the last observation of every env (the batched buffer
+for Box spaces, one entry per env otherwise), which is also what a failed step
+returns for envs whose actor was lost.
+"""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import VectorEnv
+from gymnasium.vector.utils import concatenate, create_empty_array
+
+from remote_env import multi_agent
+from remote_env._types import Batch
+
+Results = tuple[Any, Any, Any, Any, dict[str, Any]]
+Batches = list[tuple[np.ndarray, Batch]]
+
+
+class _InfoMerger:
+    """Lets gymnasium's own ``VectorEnv._add_info`` build infos for a partial batch."""
+
+    _add_info: Any = VectorEnv._add_info
+
+    def __init__(self, num_envs: int) -> None:
+        self.num_envs = num_envs
+
+
+class Assembler:
+    """Merges per-host results into batched results, as ``SyncVectorEnv`` returns them."""
+
+    def __init__(self, single_observation_space: Any, num_envs: int, *, multi_agent: bool,
+                 copy: bool) -> None:
+        self.space = single_observation_space
+        self.num_envs = num_envs
+        self.multi_agent = multi_agent
+        self.copy = copy
+        self.box_obs = isinstance(single_observation_space, gym.spaces.Box)
+        self.env_obs: list[Any] = [None] * num_envs
+        self.observations: Any = (
+            None if multi_agent else create_empty_array(single_observation_space, num_envs,
+                                                        fn=np.zeros)
+        )
+
+    def full(self, batches: Batches) -> Results:
+        """Results for all envs in env-id order."""
+        if self.multi_agent:
+            return self._multi_agent(batches)
+        n = self.num_envs
+        rewards = np.zeros(n, dtype=np.float64)
+        terms = np.zeros(n, dtype=np.bool_)
+        truncs = np.zeros(n, dtype=np.bool_)
+        merger = _InfoMerger(n)
+        infos: dict[str, Any] = {}
+        per_env_infos: list[tuple[int, dict[str, Any]]] = []
+        for ids, b in batches:
+            self._store_obs(ids, b.obs)
+            rewards[ids] = b.rewards
+            terms[ids] = b.terminations
+            truncs[ids] = b.truncations
+            per_env_infos.extend(zip(ids.tolist(), b.infos, strict=True))
+        per_env_infos.sort(key=lambda x: x[0])
+        for e, info in per_env_infos:
+            if info:
+                infos = merger._add_info(infos, info, e)
+        if not self.box_obs:
+            out: Any = self.observations
+            self.observations = concatenate(self.space, self.env_obs, out)
+        if not self.copy:
+            obs = self.observations
+        elif self.box_obs:
+            obs = self.observations.copy()
+        else:
+            obs = deepcopy(self.observations)
+        return obs, rewards, terms, truncs, infos
+
+    def partial(self, batches: Batches) -> Results:
+        """Results for the envs in ``batches``, ascending env ids in ``infos["env_id"]``."""
+        ids = np.concatenate([b[0] for b in batches])
+        order = np.argsort(ids, kind="stable")
+        if self.multi_agent:
+            result = self._multi_agent(batches)
+            result[4]["env_id"] = ids[order]
+            return result
+        for b_ids, b in batches:
+            self._store_obs(b_ids, b.obs)
+        ids = ids[order]
+        m = len(ids)
+        rewards = np.concatenate([np.asarray(b.rewards, dtype=np.float64) for _, b in batches])[order]
+        terms = np.concatenate([np.asarray(b.terminations, dtype=np.bool_) for _, b in batches])[order]
+        truncs = np.concatenate([np.asarray(b.truncations, dtype=np.bool_) for _, b in batches])[order]
+        all_infos = [i for _, b in batches for i in b.infos]
+        merger = _InfoMerger(m)
+        infos: dict[str, Any] = {}
+        for j, src in enumerate(order):
+            if all_infos[src]:
+                infos = merger._add_info(infos, all_infos[src], j)
+        if self.box_obs:
+            obs = self.observations[ids].copy()
+        else:
+            buf: Any = create_empty_array(self.space, m, fn=np.zeros)
+            obs = concatenate(self.space, [self.env_obs[int(e)] for e in ids], buf)
+        infos["env_id"] = ids
+        return obs, rewards, terms, truncs, infos
+
+    def _multi_agent(self, batches: Batches) -> Results:
+        obs: dict[int, Any] = {}
+        rew: dict[int, Any] = {}
+        term: dict[int, Any] = {}
+        trunc: dict[int, Any] = {}
+        infos: dict[Any, Any] = {}
+        for ids, b in batches:
+            for j, e in enumerate(ids.tolist()):
+                obs[e] = b.obs[j]
+                self.env_obs[e] = b.obs[j]
+                rew[e], term[e], trunc[e], infos[e] = (
+                    b.rewards[j], b.terminations[j], b.truncations[j], b.infos[j]
+                )
+        keys = sorted(obs)
+        result = tuple({k: d[k] for k in keys} for d in (obs, rew, term, trunc, infos))
+        out_infos: dict[Any, Any] = dict(result[4])
+        return result[0], result[1], result[2], result[3], out_infos
+
+    def _store_obs(self, ids: np.ndarray, obs: Any) -> None:
+        if self.box_obs:
+            self.observations[ids] = obs  # the buffer row is the truth for Box spaces
+        else:
+            for e, o in zip(ids.tolist(), obs, strict=True):
+                self.env_obs[e] = o
+
+    # ------------------------------------------- results the driver makes up
+    def last_obs(self, e: int) -> Any:
+        if self.box_obs:
+            return self.observations[e].copy()
+        if self.env_obs[e] is not None:
+            return self.env_obs[e]
+        return {} if self.multi_agent else self.space.sample()
+
+    def failed(self, positions: list[int], env_ids: np.ndarray, error: str, is_reset: bool,
+               reset: Batch | None = None, last: list[Any] | None = None) -> Batch:
+        """The step result of envs whose actor was lost: a truncated episode end.
+
+        With ``reset`` (SAME_STEP: the replacement's reset of these envs) the
+        observations are the new episode's and the last ones go to ``final_obs``.
+        """
+        obs = last if last is not None else [self.last_obs(int(e)) for e in env_ids]
+        infos: list[dict[str, Any]] = [{"error": error} for _ in env_ids]
+        failures = []
+        if reset is not None:
+            infos = [
+                {"final_obs": o, "final_info": {"error": error}, **ri, "error": error}
+                for o, ri in zip(obs, reset.infos, strict=True)
+            ]
+            obs = list(reset.obs)
+            failures = reset.failures
+        if self.multi_agent:
+            ended = [multi_agent.ended_dicts(multi_agent.agent_ids(o)) for o in obs]
+            return Batch(list(positions), obs, [x[2] for x in ended], [x[0] for x in ended],
+                         [x[1] for x in ended], infos, failures, is_reset)
+        k = len(env_ids)
+        stacked: Any = np.stack(obs) if self.box_obs else obs
+        return Batch(list(positions), stacked, np.zeros(k), np.zeros(k, dtype=np.bool_),
+                     np.ones(k, dtype=np.bool_), infos, failures, is_reset)

@@ -1,0 +1,167 @@
+"""Calls in flight: sending them to hosts, waiting for them, collecting their results.
+
+One wait loop serves ``step``/``reset`` (every call) and ``recv`` (whichever are
+ready within ``batch_wait_ms``). Each pass it moves replacements on, and a call
+past its deadline counts as done (hung) whatever the others do, so a hang is seen
+within ``step_timeout_s + batch_wait_ms`` even while other envs keep answering.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from typing import Any
+
+import numpy as np
+
+from remote_env import channel, errors
+from remote_env.actor_set import Call, Deferred
+from remote_env.assembly import Batches
+from remote_env.faults import FaultHandling
+
+
+class CallLoop(FaultHandling):
+    """Mixin of :class:`~remote_env.vector.RemoteVectorEnv`: the calls in flight."""
+
+    _gathered: Batches
+
+    def _submit(self, ids: np.ndarray, per_env: Any, options: dict[str, Any] | None, *,
+                is_reset: bool) -> None:
+        """One call per host for the envs ``ids``; ``per_env[j]`` belongs to ``ids[j]``."""
+        hosts_of = self._env_host[ids]
+        groups: list[tuple[int, np.ndarray | None]]
+        if len(ids) == self.num_envs and not is_reset:
+            groups = [(h, None) for h in range(len(self._hosts))]  # every env, in host order
+        elif (hosts_of == hosts_of[0]).all():  # the usual recv/send loop: one actor's envs
+            groups = [(int(hosts_of[0]), np.arange(len(ids)))]
+        else:
+            groups = [(int(h), np.flatnonzero(hosts_of == h)) for h in np.unique(hosts_of)]
+        for h, sel in groups:
+            host = self._hosts[h]
+            payload: Any
+            if sel is None:
+                env_ids = host.env_ids
+                if host.lo >= 0 and isinstance(per_env, np.ndarray):
+                    payload = per_env[host.lo:host.hi]
+                else:
+                    payload = [per_env[int(e)] for e in env_ids]
+            else:
+                env_ids = ids[sel]
+                payload = per_env[sel] if isinstance(per_env, np.ndarray) else [
+                    per_env[int(j)] for j in sel]
+            positions = self._env_pos[env_ids].tolist()
+            if is_reset:
+                for e, s in zip(env_ids, payload, strict=True):
+                    if s is not None:
+                        self._seeds[int(e)] = s
+                args: tuple[Any, ...] = (positions, list(payload), options)
+            else:
+                args = (positions, payload)
+            self._enqueue(Call(h, env_ids, positions, is_reset, 0.0, 0,
+                               "reset" if is_reset else "step", args))
+
+    def _poll(self, *, every: bool, timeout: float | None,
+              gather_s: float = 0.0) -> tuple[list[Any], set[Any]]:
+        """Keys of finished calls (all of them if ``every``) and which of them hung.
+
+        Finished: answered, past its deadline, or failed before it could be sent.
+        Without ``every``: what is ready within ``gather_s``, else the first to finish.
+        """
+        t0 = time.perf_counter()
+        end = None if timeout is None else t0 + timeout
+        window: float | None = None if every else gather_s
+        while True:
+            wake = self._advance()
+            now = time.perf_counter()
+            live = [k for k in self._calls if not isinstance(k, Deferred)]
+            for k in live:
+                d = self._deadline(self._calls[k])
+                if d is not None:
+                    wake = d if wake is None else min(wake, d)
+            if end is not None:
+                wake = end if wake is None else min(wake, end)
+            left = None if wake is None else max(0.0, wake - now)
+            held = any(isinstance(k, Deferred) and c.error is None for k, c in self._calls.items())
+            if window is not None:
+                wait_s = window if left is None else min(window, left)
+                ready, _ = channel.wait(live, len(live), wait_s, self._ray)
+                window = None
+            elif every or not live:
+                ready, _ = channel.wait(live, len(live), left, self._ray)
+            else:
+                ready, _ = channel.wait(live, 1, left, self._ray)
+                if ready:
+                    ready, _ = channel.wait(live, len(live), 0, self._ray)
+            now = time.perf_counter()
+            ready_set = set(ready)
+            hung = {k for k in live if k not in ready_set and self._expired(self._calls[k], now)}
+            done = ready_set | hung | {k for k, c in self._calls.items()
+                                       if isinstance(k, Deferred) and c.error is not None}
+            if every and len(done) == len(self._calls):
+                return list(self._calls), hung
+            if not every and done:
+                return [k for k in self._calls if k in done], hung
+            if end is not None and now >= end:
+                pending = len(self._calls) - len(done)
+                raise multiprocessing.TimeoutError(
+                    f"timed out after {timeout}s: {pending} of {len(self._calls)} actor calls "
+                    "still pending (the calls stay pending: wait again)"
+                )
+            if held and len(ready_set | hung) == len(live) and left is not None:
+                # only calls held for a replacement are left: sleep until it is due
+                time.sleep(min(max(wake - now, 0.0) if wake is not None else 0.0, 0.05))
+
+    def _collect(self, keys: list[Any], hung: set[Any]) -> Batches:
+        """Results of ``keys`` as (global env ids, Batch); faults handled here.
+
+        Every call given is consumed (even when one raises), so a failure never
+        leaves stale calls behind; follow-up calls (SAME_STEP after a lost actor)
+        stay in flight.
+        """
+        out: Batches = []
+        raised: list[Exception] = []
+        for key in keys:
+            call = self._calls.pop(key)
+            self._busy[call.env_ids] = False
+            host = self._hosts[call.host]
+            try:
+                batch = self._result(key, call, key in hung)
+            except errors.SubEnvironmentError as exc:
+                raised.append(exc)
+                continue
+            if batch is None:
+                continue
+            for f in batch.failures:
+                e = int(host.env_ids[f.index])
+                if f.reason == "exception":
+                    self.metrics.failures["exception"].inc()
+                if f.restarted:
+                    self._restarts[e] += 1
+                    self.metrics.env_restarts.inc()
+                if f.permanent:
+                    self._failed[e] = True
+                    raised.append(self._error(host, f))
+            out.append((host.env_ids[batch.indices], batch))
+        if raised:
+            raise raised[0]
+        return out
+
+    def _collect_all(self, timeout: float | None) -> Batches:
+        """Every call's result (step/reset); a timeout leaves them pending and resumable."""
+        t_end = None if timeout is None else time.perf_counter() + timeout
+        while self._calls:
+            left = None if t_end is None else max(0.0, t_end - time.perf_counter())
+            keys, hung = self._poll(every=True, timeout=left)
+            try:
+                self._gathered.extend(self._collect(keys, hung))
+            except BaseException:
+                self._abandon()
+                raise
+        out, self._gathered = self._gathered, []
+        return out
+
+    def _abandon(self) -> None:
+        """Forget every call in flight (after an error raised from step/reset)."""
+        self._calls.clear()
+        self._busy[:] = False
+        self._gathered = []

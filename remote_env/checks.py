@@ -1,0 +1,239 @@
+"""Checks of what callers pass in: actions, seeds, env ids, masks, spaces, options.
+
+All run in the driver before anything is sent, so a caller's mistake is a
+``ValueError``/``TypeError`` naming the env ids concerned, never an env failure
+(no restart, nothing in ``envpool_env_failures_total``). Messages say what was
+expected and what arrived, as gymnasium's do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.spaces.utils import is_space_dtype_shape_equiv
+from gymnasium.vector.utils import batch_differing_spaces, batch_space, iterate
+
+# Array action spaces are split by slicing the batched array (no per-env Python loop).
+ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
+                gym.spaces.MultiBinary)
+TRANSPORTS = ("auto", "ray")
+
+
+def positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def options(*, envs_per_actor: Any, threads_per_actor: Any, max_restarts: Any,
+            batch_wait_ms: Any, step_timeout_s: Any, restart_backoff_s: Any,
+            transport: Any, observation_mode: Any) -> None:
+    """The constructor's numeric and enum options (before any actor exists)."""
+    if envs_per_actor is not None:
+        positive_int("envs_per_actor", envs_per_actor)
+    positive_int("threads_per_actor", threads_per_actor)
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+    if batch_wait_ms < 0:
+        raise ValueError(f"batch_wait_ms must be >= 0, got {batch_wait_ms}")
+    if step_timeout_s is not None and step_timeout_s <= 0:
+        raise ValueError(f"step_timeout_s must be > 0 or None, got {step_timeout_s}")
+    if restart_backoff_s < 0:
+        raise ValueError(f"restart_backoff_s must be >= 0, got {restart_backoff_s}")
+    if transport not in TRANSPORTS:
+        raise ValueError(
+            f"transport must be 'auto' (a Unix socket to actors on this node, Ray calls to "
+            f"others) or 'ray' (Ray calls only), got {transport!r}"
+        )
+    if isinstance(observation_mode, tuple) and len(observation_mode) == 2:
+        if not all(isinstance(s, gym.spaces.Space) for s in observation_mode):
+            raise TypeError(
+                "Expected both elements of observation_mode to be Spaces, got "
+                f"{type(observation_mode[0])} and {type(observation_mode[1])}"
+            )
+    elif not (isinstance(observation_mode, str) and observation_mode in ("same", "different")):
+        raise ValueError(
+            "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and "
+            f"batch observation space, actual got {observation_mode}"
+        )
+
+
+def spaces(mode: Any, obs: Sequence[Any], act: Sequence[Any], n: int) -> tuple[Any, Any]:
+    """``(single_observation_space, observation_space)`` for the envs' spaces, refusing
+    spaces that differ as ``SyncVectorEnv(observation_mode=mode)`` does."""
+    if isinstance(mode, tuple):
+        batched, single = mode
+    elif mode == "same":
+        single, batched = obs[0], None
+    else:
+        single, batched = obs[0], batch_differing_spaces(list(obs))
+    for e, (o, a) in enumerate(zip(obs, act, strict=True)):
+        if mode == "same" and o != single:
+            raise RuntimeError(
+                f"sub-environment {e} has observation space {o}, expected that of "
+                f"sub-environment 0: {single} (observation_mode='same', as SyncVectorEnv). If "
+                "this is intentional, use `observation_mode='different'` instead."
+            )
+        if mode != "same" and not is_space_dtype_shape_equiv(o, single):
+            raise RuntimeError(
+                f"sub-environment {e} has observation space {o}, which does not share a common "
+                f"shape and dtype with {single} (observation_mode={mode!r})"
+            )
+        if a != act[0]:
+            raise RuntimeError(
+                f"sub-environment {e} has action space {a}, expected that of sub-environment "
+                f"0: {act[0]}"
+            )
+    return single, (batched if batched is not None else batch_space(single, n))
+
+
+def seeds(seed: Any, n: int) -> list[int | None]:
+    """One seed per env: None, an int (``seed + i``) or a sequence of ints/None."""
+    if seed is None:
+        return [None] * n
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        if seed < 0:
+            raise ValueError(f"seed must be an int >= 0 (or None or a list), got {seed}")
+        return [int(seed) + i for i in range(n)]
+    if not isinstance(seed, (list, tuple, np.ndarray)):
+        raise TypeError(
+            f"seed must be None, an int or a list of num_envs={n} ints/None, "
+            f"got {type(seed).__name__}"
+        )
+    out = list(seed)
+    if len(out) != n:
+        raise ValueError(
+            f"If seeds are passed as a list the length must match num_envs={n} "
+            f"but got length={len(out)}."
+        )
+    bad_type = [e for e, s in enumerate(out) if s is not None and (
+        not isinstance(s, (int, np.integer)) or isinstance(s, (bool, np.bool_)))]
+    if bad_type:
+        raise TypeError(
+            f"seeds for env ids {bad_type} must be ints >= 0 or None, got "
+            f"{[type(out[e]).__name__ for e in bad_type]}"
+        )
+    negative = [e for e, s in enumerate(out) if s is not None and s < 0]
+    if negative:
+        raise ValueError(
+            f"seeds for env ids {negative} must be >= 0, got {[out[e] for e in negative]}"
+        )
+    return [None if s is None else int(s) for s in out]
+
+
+def env_ids(ids_in: Sequence[int] | np.ndarray | None, n: int) -> np.ndarray:
+    if ids_in is None:
+        return np.arange(n)
+    ids = np.asarray(ids_in)
+    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+        raise TypeError(f"env_ids must be a 1-D sequence of ints, got {ids_in!r}")
+    ids = ids.astype(np.int64, copy=False)
+    bad = ids[(ids < 0) | (ids >= n)]
+    if len(bad):
+        raise ValueError(f"unknown env ids {bad.tolist()}: expected ids in [0, {n})")
+    if len(ids) > 1:
+        ordered = np.sort(ids)  # a sort, not np.unique: this runs on every send()
+        if (ordered[1:] == ordered[:-1]).any():
+            raise ValueError(f"env_ids must not repeat an id, got {ids.tolist()}")
+    if not len(ids):
+        raise ValueError("env_ids is empty: send at least one env id")
+    return ids
+
+
+def reset_mask(mask: Any, n: int) -> np.ndarray:
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+    if mask.shape != (n,):
+        raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
+    if mask.dtype != np.bool_:
+        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+    if not np.any(mask):
+        raise ValueError(
+            "`options['reset_mask']` must contain a boolean array with at least one True "
+            f"value, got reset_mask={mask}"
+        )
+    return mask
+
+
+def multi_agent_actions(actions: Any, n: int) -> list[Any]:
+    # a dict keyed by env id (as action_space.sample() gives) or a list in send order
+    if not isinstance(actions, (Mapping, list, tuple)):
+        raise TypeError(
+            f"multi-agent actions must be a dict keyed by env id or a list of {n} per-agent "
+            f"action dicts, got {type(actions).__name__}"
+        )
+    acts = list(actions.values()) if isinstance(actions, Mapping) else list(actions)
+    if len(acts) != n:
+        raise ValueError(
+            f"expected actions for {n} envs (a dict keyed by env id or a list of "
+            f"per-agent action dicts), got {len(acts)}"
+        )
+    for j, a in enumerate(acts):
+        if not isinstance(a, Mapping):
+            raise TypeError(
+                f"multi-agent actions must be dicts keyed by agent id; item {j} is "
+                f"{type(a).__name__}"
+            )
+    return acts
+
+
+def actions(space: Any, actions_in: Any, ids: np.ndarray) -> Any:
+    """Validate a batch of actions for the envs ``ids``; return something indexable per env.
+
+    Discrete, MultiDiscrete and MultiBinary actions outside the space are refused
+    here (the env would raise on them, which is the caller's bug, not the env's);
+    Box bounds are not checked, as gymnasium's vector envs do not (envs clip).
+    """
+    n = len(ids)
+    if not isinstance(space, ARRAY_SPACES):
+        try:
+            acts = list(iterate(batch_space(space, n), actions_in))
+        except Exception as exc:
+            raise TypeError(
+                f"actions must be a batch of {n} actions of {space}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if len(acts) != n:
+            raise ValueError(f"expected {n} actions, got {len(acts)}")
+        return acts
+    try:
+        arr = np.asarray(actions_in)
+    except Exception as exc:
+        raise TypeError(
+            f"actions must be array-like for {space}, got {type(actions_in).__name__}"
+        ) from exc
+    expected = (n, *(space.shape or ()))
+    if arr.ndim == 0:
+        raise TypeError(
+            f"actions must be a batch of shape {expected} (num_envs={n} x {space}), got a "
+            f"scalar {type(actions_in).__name__}"
+        )
+    if arr.shape != expected:
+        raise ValueError(
+            f"actions must have shape {expected} (num_envs={n} x {space}) "
+            f"but got shape {arr.shape}"
+        )
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise TypeError(f"actions must be numeric for {space}, got dtype {arr.dtype}")
+    if isinstance(space, gym.spaces.Box):
+        return arr
+    if not np.issubdtype(arr.dtype, np.integer) and not (
+        arr.dtype == np.bool_ and isinstance(space, gym.spaces.MultiBinary)
+    ):
+        raise TypeError(f"actions for {space} must be integers, got dtype {arr.dtype}")
+    if isinstance(space, gym.spaces.Discrete):
+        low, high = space.start, space.start + space.n
+    elif isinstance(space, gym.spaces.MultiDiscrete):
+        low, high = space.start, space.start + space.nvec
+    else:  # MultiBinary
+        low, high = 0, 2
+    outside = (arr < low) | (arr >= high)
+    if outside.any():
+        rows = outside.reshape(n, -1).any(axis=1)
+        bad = ids[rows].tolist()
+        raise ValueError(
+            f"actions for env ids {bad} are outside {space}: got "
+            f"{arr[rows].tolist()} (nothing was sent)"
+        )
+    return arr

@@ -1,0 +1,124 @@
+"""Envs that misbehave, for the issue-15 tests (pickled by value into the actors).
+
+``register`` makes Ray ship this module by value, so the actors need no PYTHONPATH,
+and so plain pickle cannot find its classes by name inside an actor (as with a
+class defined in a notebook's ``__main__``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+def register() -> None:
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _fire(once_file: str | None) -> bool:
+    if once_file is None:
+        return True
+    try:
+        with open(once_file, "x"):
+            return True
+    except FileExistsError:
+        return False
+
+
+class BadResultEnv(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole whose step ``at_step`` returns a malformed result of kind ``kind``."""
+
+    def __init__(self, kind: str, at_step: int, once_file: str | None = None) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.kind, self.at_step, self.once_file, self.steps = kind, at_step, once_file, 0
+
+    def step(self, action: Any) -> Any:
+        obs, rew, term, trunc, info = self.env.step(action)
+        self.steps += 1
+        if self.steps == self.at_step and _fire(self.once_file):
+            if self.kind == "str_reward":
+                rew = "1.0"
+            elif self.kind == "obs_shape":
+                obs = np.zeros(7, dtype=np.float32)
+            elif self.kind == "array_terminated":
+                term = np.array([False, True])
+        return obs, rew, term, trunc, info
+
+
+class Opaque:
+    """Only this module knows the class: plain pickle cannot name it in an actor."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Opaque) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return self.value
+
+
+class OpaqueInfoEnv(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole whose infos hold an :class:`Opaque`."""
+
+    def __init__(self) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.steps = 0
+
+    def step(self, action: Any) -> Any:
+        obs, rew, term, trunc, info = self.env.step(action)
+        self.steps += 1
+        return obs, rew, term, trunc, {**info, "opaque": Opaque(self.steps)}
+
+
+def _load_only_in(pid: int) -> Any:
+    if os.getpid() != pid:
+        raise ImportError("No module named 'only_in_the_actors_runtime_env'")
+    return None
+
+
+class Undecodable:
+    """Pickles fine; unpickles only in the process that made it (the actor)."""
+
+    def __reduce__(self) -> Any:
+        return _load_only_in, (os.getpid(),)
+
+
+class UndecodableInfoEnv(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole whose step ``at_step`` has an info the driver cannot unpickle."""
+
+    def __init__(self, at_step: int, once_file: str | None = None) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.at_step, self.once_file, self.steps = at_step, once_file, 0
+
+    def step(self, action: Any) -> Any:
+        obs, rew, term, trunc, info = self.env.step(action)
+        self.steps += 1
+        if self.steps == self.at_step and _fire(self.once_file):
+            info = {**info, "blob": Undecodable()}
+        return obs, rew, term, trunc, info
+
+
+class DyingEnv(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole whose actor process dies (SIGKILL) on every step and on every reset but
+    the first (``once_file``): a crash loop, each replacement dying on its first call."""
+
+    def __init__(self, once_file: str) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.once_file = once_file
+
+    def reset(self, **kwargs: Any) -> Any:
+        if not _fire(self.once_file):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.env.reset(**kwargs)
+
+    def step(self, action: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")

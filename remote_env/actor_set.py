@@ -246,6 +246,18 @@ class ActorSet:
             self._created(host)
         return infos
 
+    def _env_spaces(self, infos: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+        """Every env's (observation, action) space, from its host's start() report."""
+        obs: list[Any] = []
+        act: list[Any] = []
+        for host, info in zip(self._hosts, infos, strict=True):
+            other = info.get("other_spaces", {})
+            for pos in range(len(host.env_ids)):
+                o, a = other.get(pos, (info["observation_space"], info["action_space"]))
+                obs.append(o)
+                act.append(a)
+        return obs, act
+
     def _add_host(self, handle: Any, env_ids: list[int], *, owned: bool) -> None:
         h = len(self._hosts)
         self._hosts.append(Host(handle, np.asarray(env_ids, dtype=np.int64), owned))

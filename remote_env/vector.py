@@ -9,7 +9,8 @@ supervises. Where the rest lives (each imports only those above it):
 * :mod:`remote_env.actor_set` -- the actors: creating them, channel or Ray calls;
 * :mod:`remote_env.faults` -- lost actors, hangs, replacement without stalling;
 * :mod:`remote_env.calls` -- the calls in flight and the one wait loop;
-* :mod:`remote_env.assembly` -- host results into gymnasium's batched results.
+* :mod:`remote_env.assembly` -- host results into gymnasium's batched results;
+* :mod:`remote_env.attributes` -- ``call``/``get_attr``/``set_attr`` and seeds.
 
 ``step``/``step_async``/``step_wait`` step every env (same results as
 ``SyncVectorEnv`` for the same seeds and actions); ``send(actions, env_ids)``/
@@ -32,7 +33,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from remote_env import actor_set as _actors
 from remote_env import checks, errors
 from remote_env.assembly import Assembler, Results
-from remote_env.calls import CallLoop
+from remote_env.attributes import EnvAttributes
 from remote_env.host import EnvFn
 from remote_env.metrics import PoolMetrics
 
@@ -46,7 +47,7 @@ class _State(enum.Enum):
     WAITING_STEP = "step"
 
 
-class RemoteVectorEnv(CallLoop, VectorEnv[Any, Any, Any]):
+class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
     """Vector env with sub-environments in Ray actors, dynamic batching and restarts.
 
     Args:
@@ -209,18 +210,6 @@ class RemoteVectorEnv(CallLoop, VectorEnv[Any, Any, Any]):
                                     multi_agent=self.multi_agent, copy=copy)
         self.metrics.track_states(self._state_counts)
         self.closed = False
-
-    def _env_spaces(self, infos: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
-        """Every env's (observation, action) space, from its host's start() report."""
-        obs: list[Any] = []
-        act: list[Any] = []
-        for host, info in zip(self._hosts, infos, strict=True):
-            other = info.get("other_spaces", {})
-            for pos in range(len(host.env_ids)):
-                o, a = other.get(pos, (info["observation_space"], info["action_space"]))
-                obs.append(o)
-                act.append(a)
-        return obs, act
 
     # ------------------------------------------------------------------ set-up
     @staticmethod
@@ -390,52 +379,6 @@ class RemoteVectorEnv(CallLoop, VectorEnv[Any, Any, Any]):
         if self.multi_agent:
             return checks.multi_agent_actions(actions, len(ids))
         return checks.actions(self.single_action_space, actions, ids)
-
-    # -------------------------------------------------------- env attributes
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Call ``name`` on every sub-env (or read it if not callable), through wrappers
-        (``get_wrapper_attr``), as ``SyncVectorEnv`` does."""
-        return tuple(x for r in self._on_each_host("call", name, args, kwargs) for x in r)
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        return self.call(name)
-
-    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
-        """Set ``name`` on every sub-env where a wrapper or the env has it
-        (``set_wrapper_attr``); one value for all, or a list of ``num_envs``."""
-        self._check_open()
-        if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise ValueError(
-                "Values must be a list or tuple with length equal to the number of environments. "
-                f"Got `{len(values)}` values for {self.num_envs} environments."
-            )
-        self._on_each_host("set_attr", name, lambda h: [values[int(e)] for e in h.env_ids])
-
-    def _on_each_host(self, method: str, name: str, *rest: Any) -> list[Any]:
-        self._check_open()
-        while any(not h.up and h.broken is None for h in self._hosts):
-            wake = self._advance()  # a replacement still due: wait for it
-            time.sleep(0.0 if wake is None else min(max(wake - time.perf_counter(), 0.0), 0.05))
-        refs = []
-        for h in self._hosts:
-            args = [r(h) if callable(r) else r for r in rest]
-            refs.append(self._host_call(h, method, list(range(len(h.env_ids))), name, *args))
-        return [self._get(ref) for ref in refs]
-
-    @property
-    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
-        """The sub-envs' seeds (``np_random_seed`` of each), as ``SyncVectorEnv`` gives."""
-        return self.get_attr("np_random_seed")
-
-    @property  # type: ignore[misc]
-    def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
-        """Copies of the sub-envs' generators (they live in the actors)."""
-        return self.get_attr("np_random")
-
-    def render(self) -> tuple[Any, ...] | None:
-        return self.call("render")
 
     @property
     def actors(self) -> list[Any]:

@@ -68,6 +68,13 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.seconds <= 0:
         parser.error(f"--seconds must be > 0, got {args.seconds}")
+    if args.step_timeout is not None and args.step_timeout <= 0:
+        parser.error(f"--step-timeout must be > 0 seconds (omit it to wait forever), "
+                     f"got {args.step_timeout}")
+    for flag, value in (("--max-restarts", args.max_restarts),
+                        ("--batch-wait-ms", args.batch_wait_ms)):
+        if value < 0:
+            parser.error(f"{flag} must be >= 0, got {value}")
     try:
         if args.file:
             from remote_env import spec

@@ -67,10 +67,15 @@ def test_bad_input_is_a_usage_error() -> None:
         (["--entrypoint", "no_colon"], "entrypoint must look like 'package.module:callable'"),
         (["--entrypoint", "remote_env.examples:nope"], "has no attribute 'nope'"),
         (["-f", "/nonexistent/pool.yaml"], "pool.yaml"),
+        # checked before Ray starts: a usage error, not a traceback (issue 15)
+        (["--step-timeout", "0"], "--step-timeout must be > 0 seconds"),
+        (["--max-restarts", "-1"], "--max-restarts must be >= 0, got -1"),
+        (["--batch-wait-ms", "-1"], "--batch-wait-ms must be >= 0, got -1.0"),
     ]:
         out = _run("run", *args, timeout=60)
         assert out.returncode == 2, (args, out.stderr)
         assert msg in out.stderr, (args, out.stderr)
+        assert "Traceback" not in out.stderr, (args, out.stderr)
 
 
 def test_ctrl_c_stops_cleanly() -> None:

@@ -213,6 +213,55 @@ def test_failed_env_restarts_alone() -> None:
     assert host.restart_counts() == [0, 1]
 
 
+class _Malformed(gym.Wrapper):
+    """Returns a malformed result of ``kind`` on step 2."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.kind, self.n = kind, 0
+
+    def step(self, action):
+        obs, rew, term, trunc, info = self.env.step(action)
+        self.n += 1
+        if self.n == 2:
+            return {
+                "str_reward": (obs, "1", term, trunc, info),
+                "list_reward": (obs, [1.0], term, trunc, info),
+                "obs_shape": (obs[:2], rew, term, trunc, info),
+                "array_terminated": (obs, rew, np.array([True, False]), trunc, info),
+                "str_truncated": (obs, rew, term, "no", info),
+                "info_list": (obs, rew, term, trunc, []),
+                "four_values": (obs, rew, term, info),
+            }[self.kind]
+        return obs, rew, term, trunc, info
+
+
+@pytest.mark.parametrize("restart", [True, False])
+@pytest.mark.parametrize("kind", ["str_reward", "list_reward", "obs_shape", "array_terminated",
+                                  "str_truncated", "info_list", "four_values"])
+def test_a_malformed_result_fails_that_env_only(kind: str, restart: bool) -> None:
+    fns = [lambda: gym.make("CartPole-v1"), lambda: _Malformed(kind),
+           lambda: gym.make("CartPole-v1")]
+    host = SubEnvHost(fns, restart_failed=restart)
+    host.start()
+    host.reset([0, 1, 2], [1, 2, 3], None)
+    host.step([0, 1, 2], [1, 1, 1])
+    b = host.step([0, 1, 2], [1, 1, 1])  # packs fine: the siblings' results are there
+    [failure] = b.failures
+    assert failure.index == 1 and failure.restarted == restart and failure.permanent != restart
+    assert b.truncations.tolist() == [False, True, False]
+    assert b.rewards.dtype == np.float64 and b.obs.shape == (3, 4)
+    assert b.infos[1]["error"].startswith(("MalformedResultError", "ValueError")), b.infos[1]
+
+
+def test_env_spaces_that_differ_are_reported_by_slot() -> None:
+    fns = [lambda: gym.make("CartPole-v1"), lambda: gym.make("FrozenLake-v1"),
+           lambda: gym.make("CartPole-v1")]
+    info = SubEnvHost(fns).start()
+    assert list(info["other_spaces"]) == [1]
+    assert info["other_spaces"][1][0] == gym.spaces.Discrete(16)
+
+
 def test_constructor_failing_every_time_is_permanent_after_max_restarts() -> None:
     calls = []
 

@@ -1,0 +1,130 @@
+"""gymnasium's VectorEnv contract where RemoteVectorEnv used to differ from SyncVectorEnv.
+
+call/get_attr/set_attr through wrappers, np_random_seed, observation_mode, and
+gymnasium's own vector wrappers on top, each compared with SyncVectorEnv.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import SyncVectorEnv
+from gymnasium.wrappers import vector as vw
+from test_vector_env import assert_tree_equal
+
+from remote_env.vector import RemoteVectorEnv
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+TRANSPORTS = ["auto", "ray"]
+
+
+def cartpole() -> Any:
+    return functools.partial(gym.make, "CartPole-v1")
+
+
+def pendulum() -> Any:
+    return functools.partial(gym.make, "Pendulum-v1", max_episode_steps=30)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_attributes_go_through_wrappers_as_in_sync(transport: str) -> None:
+    sync = SyncVectorEnv([cartpole()] * 3)
+    remote = RemoteVectorEnv([cartpole()] * 3, envs_per_actor=2, transport=transport)
+    try:
+        assert remote.call("gravity") == sync.call("gravity") == (9.8, 9.8, 9.8)
+        assert remote.get_attr("gravity") == sync.get_attr("gravity")
+        for env in (sync, remote):
+            env.set_attr("gravity", [20.0, 9.8, 1.0])
+        assert remote.get_attr("gravity") == (20.0, 9.8, 1.0)
+        # the physics changed (not an attribute on the TimeLimit wrapper): steps agree
+        assert_tree_equal(remote.reset(seed=42), sync.reset(seed=42))
+        assert remote.np_random_seed == sync.np_random_seed == (42, 43, 44)
+        for t in range(30):
+            a = np.array([t % 2, 1, 0])
+            assert_tree_equal(remote.step(a), sync.step(a), f"step {t}")
+        with pytest.raises(ValueError, match="Got `2` values for 3 environments"):
+            remote.set_attr("gravity", [1.0, 2.0])
+    finally:
+        remote.close()
+        sync.close()
+
+
+def _boxes(lows: list[float]) -> list[Any]:
+    class Shifted(gym.ObservationWrapper[Any, Any, Any]):
+        def __init__(self, low: float) -> None:
+            super().__init__(gym.make("Pendulum-v1", max_episode_steps=30))
+            self.observation_space = gym.spaces.Box(low, 10.0, (3,), np.float32)
+
+        def observation(self, obs: Any) -> Any:
+            return obs
+
+    return [functools.partial(Shifted, low) for low in lows]
+
+
+def test_observation_mode_as_sync() -> None:
+    fns = _boxes([-1.0, -2.0, -3.0])
+    with pytest.raises(RuntimeError, match="observation_mode='different'"):
+        RemoteVectorEnv(fns, envs_per_actor=3)
+    sync = SyncVectorEnv(fns, observation_mode="different")
+    remote = RemoteVectorEnv(fns, envs_per_actor=2, observation_mode="different")
+    try:
+        assert remote.observation_space == sync.observation_space
+        assert remote.single_observation_space == sync.single_observation_space
+        assert remote.observation_mode == "different"
+        assert_tree_equal(remote.reset(seed=0), sync.reset(seed=0))
+    finally:
+        remote.close()
+        sync.close()
+    single = gym.spaces.Box(-5.0, 10.0, (3,), np.float32)
+    custom = (gym.vector.utils.batch_space(single, 3), single)
+    remote = RemoteVectorEnv(fns, envs_per_actor=3, observation_mode=custom)
+    try:
+        assert remote.single_observation_space == single
+        assert remote.observation_space == custom[0]
+    finally:
+        remote.close()
+    with pytest.raises(ValueError, match="Invalid `observation_mode`"):
+        RemoteVectorEnv(fns, observation_mode="similar")
+    with pytest.raises(TypeError, match="both elements of observation_mode to be Spaces"):
+        RemoteVectorEnv(fns, observation_mode=(single, "x"))  # type: ignore[arg-type]
+
+
+WRAPPERS: dict[str, Any] = {
+    "RecordEpisodeStatistics": (cartpole, vw.RecordEpisodeStatistics),
+    "NormalizeObservation": (cartpole, vw.NormalizeObservation),
+    "NormalizeReward": (pendulum, vw.NormalizeReward),
+    "TransformObservation": (
+        cartpole, lambda env: vw.TransformObservation(env, lambda obs: obs * 2.0)),
+    "TransformReward": (pendulum, lambda env: vw.TransformReward(env, lambda r: r - 1.0)),
+    "ClipAction": (pendulum, vw.ClipAction),
+    "RescaleAction": (pendulum, lambda env: vw.RescaleAction(env, -1.0, 1.0)),
+    "FlattenObservation": (cartpole, vw.FlattenObservation),
+    "DtypeObservation": (cartpole, lambda env: vw.DtypeObservation(env, np.float64)),
+}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("name", list(WRAPPERS))
+def test_gymnasium_vector_wrappers_work_on_top_as_on_sync(name: str, transport: str) -> None:
+    make, wrap = WRAPPERS[name]
+    sync = wrap(SyncVectorEnv([make()] * 4))
+    remote = wrap(RemoteVectorEnv([make()] * 4, envs_per_actor=2, transport=transport))
+    try:
+        assert remote.observation_space == sync.observation_space
+        assert remote.action_space == sync.action_space
+        assert_tree_equal(remote.reset(seed=5), sync.reset(seed=5), "reset")
+        sync.action_space.seed(0)
+        for t in range(60):
+            a = sync.action_space.sample()
+            r, s = remote.step(a), sync.step(a)
+            if name == "RecordEpisodeStatistics":  # episode times are wall-clock
+                for info in (r[4], s[4]):
+                    info.get("episode", {}).pop("t", None)
+            assert_tree_equal(r, s, f"step {t}")
+    finally:
+        remote.close()
+        sync.close()

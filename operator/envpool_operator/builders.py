@@ -11,9 +11,15 @@ No Kubernetes client and no kopf here; ownerReferences are added by the caller
     2
 
 Children of EnvPool ``<name>``: RayCluster ``<name>``, ConfigMap
-``<name>-pool`` (key ``pool.yaml``), and ServiceAccount/Role/RoleBinding
+``<name>-pool`` (key ``pool.yaml``), ServiceAccount/Role/RoleBinding
 ``<name>-pool-server`` that let the pool server patch only its own EnvPool's
-status.
+status, and NetworkPolicy ``<name>-ray`` that lets only the pool's own pods and
+its trainers (label :data:`TRAINER_LABEL`) reach the Ray pods.
+
+With ``spec.ray.authMode: token`` (the default) the RayCluster carries KubeRay's
+``authOptions: {mode: token}``: KubeRay generates Secret ``<name>`` (key
+``auth_token``) and puts it into every Ray container; the pool-server sidecar,
+which KubeRay does not touch, gets it here.
 """
 
 from __future__ import annotations
@@ -38,6 +44,13 @@ CLUSTER_HASH_ANNOTATION: Final = "envpool.dev/cluster-hash"
 RAY_CLIENT_PORT: Final = 10001
 RAY_GCS_PORT: Final = 6379
 RAY_DASHBOARD_PORT: Final = 8265
+#: Pods with this label (value: the pool's name) in the pool's namespace may reach
+#: the pool's Ray pods through its NetworkPolicy: put it on your trainer pods.
+TRAINER_LABEL: Final = "envpool.dev/trainer"
+#: Key of the token in the Secret KubeRay generates for ``authOptions.mode: token``.
+RAY_TOKEN_KEY: Final = "auth_token"
+SERVICE_ACCOUNT_TOKEN_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
+MANAGED_BY: Final = "envpool-operator"
 
 DEFAULT_HEAD_RESOURCES: Final[dict[str, dict[str, str]]] = {
     "requests": {"cpu": "1", "memory": "2Gi"},
@@ -65,6 +78,15 @@ def service_account_name(name: str) -> str:
     return f"{name}-pool-server"
 
 
+def network_policy_name(name: str) -> str:
+    return f"{name}-ray"
+
+
+def ray_token_secret_name(name: str) -> str:
+    """The Secret KubeRay generates for a RayCluster with ``authOptions.mode: token``."""
+    return ray_cluster_name(name)
+
+
 def head_service_name(name: str) -> str:
     """The head Service KubeRay creates for RayCluster ``name``."""
     return f"{ray_cluster_name(name)}-head-svc"
@@ -74,7 +96,7 @@ def labels(name: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "envpool",
         "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/managed-by": "envpool-operator",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
         POOL_LABEL: name,
     }
 
@@ -104,7 +126,7 @@ def build_service_account(pool: spec_mod.PoolSpec) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "ServiceAccount",
         "metadata": _meta(pool, service_account_name(pool.name)),
-        "automountServiceAccountToken": False,  # only the head pod mounts it
+        "automountServiceAccountToken": False,  # only the pool-server sidecar mounts it
     }
 
 
@@ -223,6 +245,7 @@ def _head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> 
             # The sidecar shares the pod network with the head's GCS.
             {"name": "RAY_ADDRESS", "value": f"127.0.0.1:{RAY_GCS_PORT}"},
             {"name": "HOME", "value": "/tmp"},
+            *_token_env(pool),
         ],
         "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": {
@@ -235,16 +258,20 @@ def _head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> 
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "pool-config", "mountPath": CONFIG_DIR, "readOnly": True},
+            # The only container with an API token: the Ray head runs user code.
+            {"name": "kube-api-token", "mountPath": SERVICE_ACCOUNT_TOKEN_DIR, "readOnly": True},
         ],
     }
     pod_spec: dict[str, Any] = {
         "enableServiceLinks": False,
         "serviceAccountName": service_account_name(pool.name),
-        "automountServiceAccountToken": True,  # the pool server reports status
+        # Not automounted (that would put it into every container, the Ray head's
+        # included): the pool-server sidecar mounts it from a projected volume.
+        "automountServiceAccountToken": False,
         "securityContext": _pod_security(),
         # KubeRay treats containers[0] as the Ray container.
         "containers": [ray_head, pool_server],
-        "volumes": _volumes(config=config_map_name(pool.name)),
+        "volumes": [*_volumes(config=config_map_name(pool.name)), _api_token_volume()],
     }
     _place(pod_spec, pool.ray.head.node_selector, pool.ray.head.tolerations)
     return {
@@ -257,6 +284,34 @@ def _head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> 
             },
         },
         "spec": pod_spec,
+    }
+
+
+def _token_env(pool: spec_mod.PoolSpec) -> list[dict[str, Any]]:
+    """The Ray token for a container KubeRay does not set up (the pool-server sidecar)."""
+    if not pool.ray.token_auth:
+        return []
+    return [
+        {"name": "RAY_AUTH_MODE", "value": "token"},
+        {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": ray_token_secret_name(pool.name), "key": RAY_TOKEN_KEY}}},
+    ]
+
+
+def _api_token_volume() -> dict[str, Any]:
+    """What automounting would give, as a volume only the pool-server sidecar mounts."""
+    return {
+        "name": "kube-api-token",
+        "projected": {
+            "defaultMode": 0o444,
+            "sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                {"configMap": {"name": "kube-root-ca.crt",
+                               "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {
+                    "apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+            ],
+        },
     }
 
 
@@ -304,7 +359,7 @@ def _ray_cluster_spec(
         # otherwise part of the RayCluster spec, also trigger KubeRay's Recreate.
         head["metadata"].setdefault("annotations", {})[CLUSTER_HASH_ANNOTATION] = spec_hash
         worker["metadata"].setdefault("annotations", {})[CLUSTER_HASH_ANNOTATION] = spec_hash
-    return {
+    out: dict[str, Any] = {
         "rayVersion": pool.ray.version,
         # Sizing is the operator's job (from spec.replicas), not the autoscaler's.
         "enableInTreeAutoscaling": False,
@@ -327,6 +382,9 @@ def _ray_cluster_spec(
             "template": worker,
         }],
     }
+    if pool.ray.token_auth:
+        out["authOptions"] = {"mode": "token"}
+    return out
 
 
 def cluster_hash(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> str:
@@ -372,6 +430,34 @@ def build_ray_cluster(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) 
     }
 
 
+def build_network_policy(pool: spec_mod.PoolSpec) -> dict[str, Any]:
+    """Ingress to the pool's Ray pods: from the pool's own pods and its trainers only.
+
+    Ray uses many ports (GCS 6379, dashboard 8265, client 10001, raylets, object
+    managers, workers), so peers get every port; the pool server's metrics port is
+    open to any pod (Prometheus; ``/status`` shows no lease ids or trainer
+    addresses unless asked). Kubelet probes come from the node. Enforced only by a
+    policy-enforcing CNI (Calico, Cilium, ...); policies add up, so a wider one of
+    yours (trainers in another namespace) works beside it.
+    """
+    pool_pods = {"matchLabels": {POOL_LABEL: pool.name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(pool, network_policy_name(pool.name)),
+        "spec": {
+            "podSelector": pool_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": pool_pods},
+                          {"podSelector": {"matchLabels": {TRAINER_LABEL: pool.name}}}]},
+                {"from": [{"namespaceSelector": {}}],
+                 "ports": [{"protocol": "TCP", "port": pool.metrics_port}]},
+            ],
+        },
+    }
+
+
 def build_children(
     pool: spec_mod.PoolSpec, settings: settings_mod.Settings,
 ) -> list[dict[str, Any]]:
@@ -380,6 +466,7 @@ def build_children(
         build_service_account(pool),
         build_role(pool),
         build_role_binding(pool),
+        build_network_policy(pool),
         build_config_map(pool),
         build_ray_cluster(pool, settings),
     ]

@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=None, metavar="N",
                    help="port for the operator's /metrics (0 disables; default "
                         "$ENVPOOL_OPERATOR_METRICS_PORT or 8000)")
+    p.add_argument("--metrics-addr", default=None, metavar="ADDR",
+                   help="address for /metrics (default $ENVPOOL_OPERATOR_METRICS_ADDR, else "
+                        "0.0.0.0 in a Kubernetes pod and 127.0.0.1 elsewhere)")
     p.add_argument("--standalone", action="store_true",
                    help="no peering: do not coordinate with other operator instances")
     p.add_argument("--peering", default=None, metavar="NAME",
@@ -53,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.metrics_port}", file=sys.stderr)
             return 2
         cfg = dataclasses.replace(cfg, metrics_port=args.metrics_port)
+    if args.metrics_addr is not None:
+        cfg = dataclasses.replace(cfg, metrics_addr=args.metrics_addr)
     namespaces = list(args.namespace) or ([] if args.all_namespaces else list(cfg.namespaces))
     kopf.configure(verbose=args.verbose, debug=args.debug)
     assert handlers.reconcile_fn  # registered on import

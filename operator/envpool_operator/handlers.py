@@ -19,6 +19,7 @@ from envpool_operator import builders, kube, reconcile
 from envpool_operator import metrics as metrics_mod
 from envpool_operator import settings as settings_mod
 from envpool_operator import status as status_mod
+from remote_env import kubeconfig
 from remote_env import spec as spec_mod
 
 G, V, P = spec_mod.GROUP, spec_mod.VERSION, spec_mod.PLURAL
@@ -68,7 +69,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
     runtime.metrics.track_pools(runtime.phases)
     memo.envpool = runtime
     if cfg.metrics_port:
-        memo.envpool_metrics_server, _thread = metrics_mod.serve(registry, cfg.metrics_port)
+        addr = cfg.metrics_addr or kubeconfig.default_bind_address()
+        memo.envpool_metrics_server, _thread = metrics_mod.serve(registry, cfg.metrics_port, addr)
     memo.envpool_stop = threading.Event()
     threading.Thread(
         target=reconcile.resync_loop, name="envpool-resync", daemon=True,

@@ -34,6 +34,8 @@ _KINDS: Final[dict[tuple[str, str], tuple[str, str]]] = {
     ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"):
         ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    ("networking.k8s.io/v1", "NetworkPolicy"):
+        ("/apis/networking.k8s.io/v1", "networkpolicies"),
     ("ray.io/v1", "RayCluster"): ("/apis/ray.io/v1", "rayclusters"),
     (spec_mod.API_VERSION, spec_mod.KIND): (f"/apis/{spec_mod.API_VERSION}", spec_mod.PLURAL),
 }

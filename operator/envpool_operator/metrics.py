@@ -85,7 +85,7 @@ class OperatorMetrics:
 
 
 def serve(
-    registry: prometheus_client.CollectorRegistry, port: int, addr: str = "0.0.0.0",
+    registry: prometheus_client.CollectorRegistry, port: int, addr: str = "127.0.0.1",
 ) -> tuple[WSGIServer, threading.Thread]:
     """Serve ``/metrics`` for ``registry`` in a daemon thread."""
     server, thread = prometheus_client.start_http_server(port, addr=addr, registry=registry)

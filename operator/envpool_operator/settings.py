@@ -24,6 +24,8 @@ class Settings:
     namespaces: tuple[str, ...] = ()
     #: Port of the operator's own /metrics.
     metrics_port: int = 8000
+    #: Address of the operator's /metrics; empty: 0.0.0.0 in a pod, else loopback.
+    metrics_addr: str = ""
     #: Seconds between level-triggered resyncs of every EnvPool (re-apply of
     #: its children). Events drive the normal path; this only repairs drift
     #: and missed events, and costs ~6 API calls per pool, so it is slow.
@@ -75,6 +77,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         image=env.get("ENVPOOL_IMAGE", "").strip() or DEFAULT_IMAGE,
         namespaces=namespaces,
         metrics_port=_int(env, "ENVPOOL_OPERATOR_METRICS_PORT", Settings.metrics_port),
+        metrics_addr=env.get("ENVPOOL_OPERATOR_METRICS_ADDR", "").strip(),
         resync_seconds=resync,
         max_retry_seconds=_seconds(
             env, "ENVPOOL_MAX_RETRY_SECONDS", Settings.max_retry_seconds),

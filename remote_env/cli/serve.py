@@ -28,6 +28,7 @@ import sys
 import threading
 from typing import Any
 
+from remote_env import kubeconfig
 from remote_env import spec as spec_mod
 from remote_env.pool import spec_source
 
@@ -69,7 +70,7 @@ def _http_addr(args: argparse.Namespace) -> str:
         return str(args.http_addr)
     if os.environ.get("ENVPOOL_HTTP_ADDR"):
         return os.environ["ENVPOOL_HTTP_ADDR"]
-    return "0.0.0.0" if os.environ.get("KUBERNETES_SERVICE_HOST") else "127.0.0.1"
+    return kubeconfig.default_bind_address()
 
 
 def serve(args: argparse.Namespace) -> int:

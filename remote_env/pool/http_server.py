@@ -1,6 +1,11 @@
 """How a pool server shows itself over HTTP (``/metrics``, ``/healthz``, ``/status``)
 and the pool gauges it adds to Prometheus.
 
+``/status`` is unauthenticated (Prometheus and the kubelet use the same port), so it
+shows counts and states only: lease ids, trainer names (host:pid), actor and node ids
+are in ``/status?detail=1``, which is answered to loopback clients only (``kubectl
+port-forward`` and ``kubectl exec`` arrive there; other pods do not).
+
 Kept apart from the supervision loop (:mod:`remote_env.pool.server`); everything
 here reads a :class:`StatusSource` and never touches Ray.
 """
@@ -8,12 +13,14 @@ here reads a :class:`StatusSource` and never touches Ray.
 from __future__ import annotations
 
 import http.server
+import ipaddress
 import json
 import logging
 import threading
+import urllib.parse
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, exposition
 from prometheus_client.core import GaugeMetricFamily
@@ -85,13 +92,49 @@ def pool_gauges(registry: CollectorRegistry, nlabels: int) -> _PoolGauges:
 
 
 # --------------------------------------------------------------------- HTTP
+#: Fields of a ``/status`` slot that name who holds it or where it runs.
+_PRIVATE_SLOT_FIELDS: Final = ("actorId", "nodeId", "leasedBy")
+
+
+def public_status(status: Mapping[str, Any]) -> dict[str, Any]:
+    """``/status`` for anyone who can reach the port: no lease ids, trainers, actor ids."""
+    out = {k: v for k, v in status.items() if k != "leases"}
+    out["leaseCount"] = len(status.get("leases") or ())
+    out["slots"] = [
+        {**{k: v for k, v in slot.items() if k not in _PRIVATE_SLOT_FIELDS},
+         "leased": slot.get("leasedBy") is not None}
+        for slot in status.get("slots") or ()
+    ]
+    return out
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def status_response(status: Mapping[str, Any], query: str, client_host: str,
+                    ) -> tuple[int, dict[str, Any]]:
+    """What ``GET /status?<query>`` answers ``client_host``: (HTTP code, document)."""
+    params = urllib.parse.parse_qs(query)
+    detail = params.get("detail", ["0"])[-1].lower() in ("1", "true", "yes")
+    if not detail:
+        return 200, public_status(status)
+    if not _is_loopback(client_host):
+        return 403, {"error": "/status?detail=1 is answered to loopback clients only (lease "
+                              "ids, trainers, actor ids): use kubectl port-forward or exec"}
+    return 200, dict(status)
+
+
 def serve_http(server: StatusSource, host: str, port: int) -> http.server.ThreadingHTTPServer:
     ref = weakref.ref(server)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             pool = ref()
-            path = self.path.split("?", 1)[0]
+            path, _, query = self.path.partition("?")
             if pool is None:
                 self._send(503, "text/plain", b"pool server stopped\n")
             elif path == "/metrics":
@@ -101,8 +144,9 @@ def serve_http(server: StatusSource, host: str, port: int) -> http.server.Thread
                 ok = pool.healthy()
                 self._send(200 if ok else 503, "text/plain", b"ok\n" if ok else b"not ticking\n")
             elif path == "/status":
-                body = json.dumps({**pool.status(), "healthy": pool.healthy()}, indent=1)
-                self._send(200, "application/json", body.encode())
+                code, doc = status_response({**pool.status(), "healthy": pool.healthy()},
+                                            query, self.client_address[0])
+                self._send(code, "application/json", json.dumps(doc, indent=1).encode())
             else:
                 self._send(404, "text/plain", b"not found: try /status, /metrics, /healthz\n")
 

@@ -36,6 +36,10 @@ MIN_RAY_MEMORY_BYTES: Final = 256 * 2**20
 #: gymnasium ``AutoresetMode`` values, which the CRD spells the same way.
 AUTORESET_MODES: Final = ("NextStep", "SameStep", "Disabled")
 TOLERATION_OPERATORS: Final = ("Exists", "Equal")
+#: KubeRay's ``spec.authOptions.mode`` values, spelled as KubeRay spells them.
+RAY_AUTH_MODES: Final = ("token", "disabled")
+#: Ray token authentication needs Ray >= 2.52 (KubeRay refuses older with ``mode: token``).
+MIN_RAY_TOKEN_AUTH: Final = (2, 52, 0)
 TOLERATION_EFFECTS: Final = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 #: Most entries of a resources ``requests``/``limits`` map, and the longest quantity.
 MAX_QUANTITIES: Final = 16
@@ -88,6 +92,8 @@ FIELDS: Final[dict[str, Field]] = {
     "spec.faultTolerance.restartBackoffSeconds": Field("number", 1.0, 0, 3600),
     "spec.ray.version": Field("string", "2.60.0", max_length=32),
     "spec.ray.image": Field("string", "", max_length=512),
+    #: token: KubeRay generates a Secret and every Ray process requires it.
+    "spec.ray.authMode": Field("string", "token", enum=RAY_AUTH_MODES),
     "spec.ray.worker.envsPerWorker": Field("integer", 64, 1, 10_000),
     "spec.metrics.port": Field("integer", 8080, 1024, 65535),
     "spec.suspend": Field("boolean", False),
@@ -101,7 +107,7 @@ OBJECTS: Final[dict[str, tuple[str, ...]]] = {
     "spec.env": ("id", "entrypoint", "kwargs", "multiAgent"),
     "spec.faultTolerance": ("restartFailedEnvs", "stepTimeoutSeconds", "maxRestarts",
                             "restartBackoffSeconds"),
-    "spec.ray": ("version", "image", "head", "worker", "runtimeEnv"),
+    "spec.ray": ("version", "image", "authMode", "head", "worker", "runtimeEnv"),
     "spec.ray.head": ("resources", "nodeSelector", "tolerations"),
     "spec.ray.worker": ("resources", "envsPerWorker", "nodeSelector", "tolerations"),
     "spec.metrics": ("port",),

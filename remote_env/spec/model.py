@@ -82,6 +82,12 @@ class RaySpec:
     head: HeadSpec
     worker: WorkerSpec
     runtime_env: Mapping[str, Any]
+    #: ``token`` (default): Ray token authentication (KubeRay ``authOptions``); ``disabled``.
+    auth_mode: str = fields.FIELDS["spec.ray.authMode"].default
+
+    @property
+    def token_auth(self) -> bool:
+        return self.auth_mode == "token"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +174,7 @@ class PoolSpec:
             "ray": {
                 "version": self.ray.version,
                 "image": self.ray.image,
+                "authMode": self.ray.auth_mode,
                 "head": {
                     "resources": self.ray.head.resources.to_manifest(),
                     "nodeSelector": dict(self.ray.head.node_selector),

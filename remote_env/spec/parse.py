@@ -81,6 +81,11 @@ def _parse_tolerations(c: checker.Checker, raw: Any, where: str) -> tuple[Mappin
             c.fail(f"{path}.tolerationSeconds", f"expected an integer, got {seconds!r}")
         if op == "Exists" and tol.get("value"):
             c.fail(f"{path}.value", "must be empty when operator is Exists")
+        if op == "Exists" and not tol.get("key"):
+            # Kubernetes reads that as "tolerate every taint" (NoExecute evictions,
+            # control-plane and dedicated nodes included): never what a pool means.
+            c.fail(f"{path}.key", "required with operator Exists (an empty key tolerates every "
+                                  "taint of every node); name the taint's key")
         out.append(dict(tol))
     return tuple(out)
 
@@ -103,6 +108,13 @@ def _parse_ray(c: checker.Checker, raw: Any) -> model.RaySpec:
     version = c.string(ray, "spec.ray.version") or fields.DEFAULT_RAY_VERSION
     if not fields.RAY_VERSION_RE.match(version):
         c.fail("spec.ray.version", f"expected a Ray release such as 2.60.0, got {version!r}")
+    auth_mode = c.string(ray, "spec.ray.authMode") or "token"
+    parts = tuple(int(x) for x in version.split(".")) if fields.RAY_VERSION_RE.match(version) \
+        else None
+    if auth_mode == "token" and parts is not None and parts < fields.MIN_RAY_TOKEN_AUTH:
+        c.fail("spec.ray.authMode",
+               f"token needs Ray >= {'.'.join(map(str, fields.MIN_RAY_TOKEN_AUTH))}, got "
+               f"ray.version={version}; raise ray.version or set authMode: disabled")
     image = c.string(ray, "spec.ray.image") or ""
     if any(ch.isspace() for ch in image):
         c.fail("spec.ray.image", f"an image reference has no whitespace, got {image!r}")
@@ -125,6 +137,7 @@ def _parse_ray(c: checker.Checker, raw: Any) -> model.RaySpec:
             tolerations=_parse_tolerations(c, worker.get("tolerations"), "spec.ray.worker"),
         ),
         runtime_env=dict(c.mapping(ray.get("runtimeEnv"), "spec.ray.runtimeEnv")),
+        auth_mode=auth_mode,
     )
 
 

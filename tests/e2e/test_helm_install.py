@@ -49,7 +49,9 @@ MONITOR_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
 #: Kinds the chart can create, to prove `helm uninstall` removed them all.
 CHART_KINDS = ("deployments", "replicasets", "pods", "services", "configmaps", "serviceaccounts",
                "roles", "rolebindings", "jobs")
-CHART_CLUSTER_KINDS = ("clusterroles", "clusterrolebindings")
+CHART_CLUSTER_KINDS = ("clusterroles", "clusterrolebindings", "validatingadmissionpolicies",
+                       "validatingadmissionpolicybindings")
+SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 def _free_port() -> int:
@@ -280,6 +282,103 @@ def _reconcile_to_ready(kube: Any, op: OutOfClusterOperator, ns: str, name: str,
     _refused(kube, pool_server, "get", "envpools", "-n", ns)
     _refused(kube, pool_server, "get", "secrets", "-n", ns)
     _refused(kube, pool_server, "get", "configmaps", "-n", ns)
+    _refused(kube, pool_server, "patch", "envpool", "other", "-n", ns, "--subresource=status",
+             "--type=merge", "-p", json.dumps(report))
+    _secured_children(kube, ns, name)
+
+
+def _secured_children(kube: Any, ns: str, name: str) -> None:
+    """Ray token auth, the NetworkPolicy, and an API token in the pool-server sidecar only."""
+    rc = kube.kubectl_json("get", "raycluster", name, "-n", ns)
+    assert rc["spec"]["authOptions"] == {"mode": "token"}
+    # KubeRay generated the token Secret the Ray containers and the sidecar read
+    kube.wait_until(lambda: kube.kubectl("get", "secret", name, "-n", ns, check=False)
+                    .returncode == 0, timeout=60, what=f"KubeRay's token Secret {ns}/{name}")
+    secret = kube.kubectl_json("get", "secret", name, "-n", ns)
+    assert secret["data"]["auth_token"]
+    pol = kube.kubectl_json("get", "networkpolicy", f"{name}-ray", "-n", ns)
+    assert pol["spec"]["podSelector"] == {"matchLabels": {"envpool.dev/pool": name}}
+    pods = kube.kubectl_json("get", "pods", "-n", ns, "-l", f"envpool.dev/pool={name}")["items"]
+    heads = [p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/component") == "head"]
+    assert len(heads) == 1 and len(pods) > 1, [p["metadata"]["name"] for p in pods]
+    for pod in pods:
+        spec = pod["spec"]
+        assert spec["automountServiceAccountToken"] is False
+        for c in spec["containers"]:
+            mounts = {m["mountPath"] for m in c.get("volumeMounts", ())}
+            assert (SA_TOKEN_DIR in mounts) == (c["name"] == "pool-server"), (pod["metadata"]["name"], c["name"])
+            if c["name"] in ("ray-head", "ray-worker", "pool-server"):
+                env = {e["name"]: e for e in c.get("env", ())}
+                assert env["RAY_AUTH_MODE"]["value"] == "token", c["name"]
+                assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+                    "name": name, "key": "auth_token"}, c["name"]
+
+
+def _forbidden_by_policy(kube: Any, kubeconfig: Path, *args: str, stdin: str | None = None,
+                         needle: str = "") -> None:
+    proc = _as(kube, kubeconfig, *args, stdin=stdin)
+    assert proc.returncode != 0 and "forbidden" in proc.stderr.lower() and \
+        "ValidatingAdmissionPolicy" in proc.stderr and needle in proc.stderr, (
+        f"expected the admission policy to refuse kubectl {' '.join(args)} ({needle!r}); "
+        f"rc={proc.returncode}\n{proc.stdout}{proc.stderr}")
+
+
+def _operator_only_writes_its_children(kube: Any, token: Path, ns: str, pool: str) -> None:
+    """RBAC lets the operator patch ConfigMaps, ServiceAccounts, Roles, RoleBindings in
+    every watched namespace; the admission policy refuses all but its own children.
+
+    Each write is the operator's own way (server-side apply, its field manager, its
+    label, an ownerReference to a real EnvPool), the most a stolen token could forge.
+    """
+    uid = kube.kubectl_json("get", "envpool", pool, "-n", ns)["metadata"]["uid"]
+    owner = [{"apiVersion": "envpool.dev/v1alpha1", "kind": "EnvPool", "name": pool, "uid": uid}]
+    labels = {"app.kubernetes.io/managed-by": "envpool-operator"}
+
+    def doc(kind: str, name: str, **extra: Any) -> str:
+        api = "rbac.authorization.k8s.io/v1" if kind in ("Role", "RoleBinding") else "v1"
+        return json.dumps({"apiVersion": api, "kind": kind, "metadata": {
+            "name": name, "namespace": ns, "labels": labels, "ownerReferences": owner}, **extra})
+
+    apply = ["apply", "--server-side", "--force-conflicts", "--field-manager=envpool-operator",
+             "-f", "-"]
+    # what the operator holds (RBAC's escalation check would refuse more before the policy)
+    rules = [{"apiGroups": ["envpool.dev"], "resources": ["envpools"], "verbs": ["get"]}]
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "victim"}
+    subjects = [{"kind": "ServiceAccount", "name": "victim", "namespace": ns}]
+    victims = [("configmap", "victim", doc("ConfigMap", "victim", data={"x": "y"})),
+               ("serviceaccount", "victim", doc("ServiceAccount", "victim")),
+               ("role", "victim --verb=get --resource=envpools.envpool.dev",
+                doc("Role", "victim", rules=rules)),
+               ("rolebinding", f"victim --role=victim --serviceaccount={ns}:victim",
+                doc("RoleBinding", "victim", roleRef=ref, subjects=subjects))]
+    for kind, args, forged in victims:
+        kube.kubectl("create", kind, *args.split(), "-n", ns)  # not the operator's
+        _forbidden_by_policy(kube, token, *apply, stdin=forged,
+                             needle="may only change objects it created")
+        got = kube.kubectl_json("get", kind, "victim", "-n", ns)
+        assert "ownerReferences" not in got["metadata"], got  # untouched
+    # a new object not named after its EnvPool (think kube-system/aws-auth on EKS)
+    _forbidden_by_policy(kube, token, *apply, stdin=doc("ConfigMap", "aws-auth", data={"x": "y"}),
+                         needle="named after it")
+    # a Role of the pool server's name that hands on more than EnvPools (RayClusters:
+    # pods with any ServiceAccount); RBAC allows it, the operator holds that grant
+    _forbidden_by_policy(kube, token, *apply, stdin=doc("Role", f"{pool}-pool-server", rules=[
+        {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["create"]}]),
+        needle="grant nothing outside envpool.dev")
+    # a RoleBinding of the pool server's name to someone else
+    _forbidden_by_policy(kube, token, *apply, stdin=doc(
+        "RoleBinding", f"{pool}-pool-server",
+        roleRef={**ref, "name": f"{pool}-pool-server"}, subjects=subjects),
+        needle="its own pool-server ServiceAccount")
+    # a RayCluster whose head runs as another ServiceAccount
+    rc = kube.kubectl_json("get", "raycluster", pool, "-n", ns)
+    rc["spec"]["headGroupSpec"]["template"]["spec"]["serviceAccountName"] = "victim"
+    sneaky = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {
+        "name": pool, "namespace": ns, "labels": labels, "ownerReferences": owner},
+        "spec": rc["spec"]}
+    _forbidden_by_policy(kube, token, *apply, stdin=json.dumps(sneaky),
+                         needle="run the head as <name>-pool-server")
+    assert "x" not in (kube.kubectl_json("get", "configmap", "victim", "-n", ns).get("data") or {})
 
 
 def _operator_refused(kube: Any, token: Path, ns: str) -> None:
@@ -414,6 +513,9 @@ def test_helm_install_test_rbac_upgrade_uninstall(
         assert op.sample("envpool_operator_reconciles_total", result="retry") == 0, op.log()[-3000:]
         assert "Forbidden" not in op.log() and " 403" not in op.log(), op.log()[-3000:]
         _operator_refused(kube, token, team_a)
+        _operator_only_writes_its_children(kube, token, team_a, "pool-a")
+        _forbidden_by_policy(kube, token, "create", "configmap", "aws-auth", "-n", "kube-system",
+                             needle="carry app.kubernetes.io/managed-by=envpool-operator")
         # the helm test's own script passes against this operator's /metrics
         job = next(d for d in yaml.safe_load_all(_template(kube, release, system)) if d and d["kind"] == "Job")
         (tc,) = job["spec"]["template"]["spec"]["containers"]

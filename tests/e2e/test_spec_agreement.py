@@ -39,6 +39,8 @@ GOOD: list[tuple[str, str, dict[str, Any]]] = [
     ("step-timeout-int", "good", _spec(faultTolerance={"stepTimeoutSeconds": 10})),
     ("tolerations", "good", _spec(ray={"worker": {"tolerations": [
         {"key": "k", "operator": "Exists", "effect": "NoSchedule"}]}})),
+    ("auth-disabled-old-ray", "good", _spec(ray={"authMode": "disabled", "version": "2.40.0"})),
+    ("auth-token", "good", _spec(ray={"authMode": "token"})),
 ]
 
 #: Everything test_operator_spec.py, test_pool_spec.py and test_operator_crd.py refuse.
@@ -76,6 +78,12 @@ BAD: list[tuple[str, str, dict[str, Any]]] = [
         "requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}})),
     ("toleration-exists-value", "bad", _spec(ray={"worker": {"tolerations": [
         {"operator": "Exists", "value": "x"}]}})),
+    ("toleration-exists-no-key", "bad", _spec(ray={"worker": {"tolerations": [
+        {"operator": "Exists"}]}})),
+    ("toleration-exists-empty-key", "bad", _spec(ray={"worker": {"tolerations": [
+        {"key": "", "operator": "Exists", "effect": "NoExecute"}]}})),
+    ("auth-mode-unknown", "bad", _spec(ray={"authMode": "none"})),
+    ("auth-token-old-ray", "bad", _spec(ray={"version": "2.51.0"})),
     ("toleration-operator", "bad", _spec(ray={"worker": {"tolerations": [{"operator": "In"}]}})),
     ("node-selector-int", "bad", _spec(ray={"worker": {"nodeSelector": {"zone": 3}}})),
     ("unknown-field", "bad", _spec(bogus=1)),
@@ -90,8 +98,8 @@ BAD: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 #: What the CRD cannot express and only the model refuses (SpecValid=False): quantity
-#: semantics (zero, Ray's memory floor, request above limit).
-MODEL_ONLY = {"quantity-zero", "memory-too-small", "request-over-limit"}
+#: semantics (zero, Ray's memory floor, request above limit), Ray versions compared.
+MODEL_ONLY = {"quantity-zero", "memory-too-small", "request-over-limit", "auth-token-old-ray"}
 
 
 def _model_refuses(name: str, body: dict[str, Any]) -> str | None:

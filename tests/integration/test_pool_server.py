@@ -110,8 +110,8 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def _status(url: str) -> dict[str, Any]:
-    code, body = _get(url + "/status")
+def _status(url: str, query: str = "") -> dict[str, Any]:
+    code, body = _get(url + "/status" + query)
     assert code == 200, body
     status: dict[str, Any] = json.loads(body)
     return status
@@ -197,6 +197,13 @@ def test_leases_are_disjoint_expire_with_their_trainer_and_show_over_http(
         # /status, /metrics and /healthz over HTTP while a and b hold leases
         st = wait_for(lambda: (s := _status(url))["leasedEnvs"] == 6 and s, 10, "leases shown")
         assert (st["readyEnvs"], st["desiredEnvs"], st["actors"]) == (6, 6, 3)
+        # plain /status: counts and states, no lease ids, trainers, actor or node ids
+        assert st["leaseCount"] == 2 and "leases" not in st
+        assert all(s["leased"] for s in st["slots"])
+        assert not {"leasedBy", "actorId", "nodeId"} & {k for s in st["slots"] for k in s}
+        assert a.lease_id not in json.dumps(st) and '"a"' not in json.dumps(st["slots"])
+        # asked for, from loopback
+        st = _status(url, "?detail=1")
         assert sorted(lease["trainer"] for lease in st["leases"]) == ["a", "b"]
         assert {s["leasedBy"] for s in st["slots"]} == {"a", "b"}
         code, text = _get(url + "/metrics")

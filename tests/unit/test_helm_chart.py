@@ -176,7 +176,8 @@ def test_defaults_render_the_install(helm: str) -> None:
     assert isinstance(docs, list)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment",
-                            "Service", "ConfigMap", "Job"])
+                            "Service", "ConfigMap", "Job", "ValidatingAdmissionPolicy",
+                            "ValidatingAdmissionPolicyBinding"])
     for d in docs:
         labels = d["metadata"]["labels"]
         assert labels["app.kubernetes.io/name"] == "envpool-operator"
@@ -275,6 +276,7 @@ def test_rbac_is_least_privilege(helm: str) -> None:
         ("", "serviceaccounts"): {"create", "patch"},
         ("rbac.authorization.k8s.io", "roles"): {"create", "patch"},
         ("rbac.authorization.k8s.io", "rolebindings"): {"create", "patch"},
+        ("networking.k8s.io", "networkpolicies"): {"create", "patch"},
         ("", "events"): {"create"},
     }
     (crb,) = by_kind(docs, "ClusterRoleBinding")
@@ -303,10 +305,44 @@ def test_operator_grants_cover_the_pool_server_role(helm: str) -> None:
         __import__("envpool_operator.settings", fromlist=["Settings"]).Settings())}
     plural = {"ServiceAccount": ("", "serviceaccounts"), "Role": ("rbac.authorization.k8s.io", "roles"),
               "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings"),
-              "ConfigMap": ("", "configmaps"), "RayCluster": ("ray.io", "rayclusters")}
+              "ConfigMap": ("", "configmaps"), "RayCluster": ("ray.io", "rayclusters"),
+              "NetworkPolicy": ("networking.k8s.io", "networkpolicies")}
     for kind in children:
         g, r = plural[kind]
         assert {(g, r, "create"), (g, r, "patch")} <= held, f"server-side apply of {kind}"
+
+
+def test_admission_policy_covers_every_write_of_the_operator_and_only_it(helm: str) -> None:
+    """What RBAC grants by kind, the policy narrows to the operator's own children."""
+    from envpool_operator import builders, settings
+    from remote_env import spec
+
+    docs = render(helm)
+    assert isinstance(docs, list)
+    (vap,) = by_kind(docs, "ValidatingAdmissionPolicy")
+    (binding,) = by_kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == vap["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    (cond,) = vap["spec"]["matchConditions"]
+    assert cond["expression"] == (
+        "request.userInfo.username == 'system:serviceaccount:envpool-system:rel-envpool-operator'")
+    covered = {(g, r) for rule in vap["spec"]["matchConstraints"]["resourceRules"]
+               for g in rule["apiGroups"] for r in rule["resources"]}
+    (cr,) = by_kind(docs, "ClusterRole")
+    writable = {(g, r) for rule in _rules(cr) if {"create", "patch"} & set(rule["verbs"])
+                for g in rule["apiGroups"] for r in rule["resources"]}
+    # every kind it may write, except its own EnvPools (status, kopf annotations) and Events
+    assert covered == writable - {("envpool.dev", "envpools"), ("envpool.dev", "envpools/status"),
+                                  ("", "events")}
+    pool = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4}, name="p", namespace="n")
+    for child in builders.build_children(pool, settings.Settings()):
+        # the policy's label rule holds for what the builders make
+        assert child["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "envpool-operator"
+    assert all(v["reason"] == "Forbidden" for v in vap["spec"]["validations"])  # a 403, not 422
+    docs = render(helm, "rbac.admissionPolicy=false")
+    assert isinstance(docs, list)
+    assert not by_kind(docs, "ValidatingAdmissionPolicy")
 
 
 def test_watch_namespaces_use_roles(helm: str) -> None:

@@ -125,9 +125,18 @@ def test_restricted_security_context() -> None:
             assert sc["allowPrivilegeEscalation"] is False
             assert sc["capabilities"] == {"drop": ["ALL"]}
     assert _containers(rc)["pool-server"]["securityContext"]["readOnlyRootFilesystem"] is True
-    # only the head (pool server) gets an API token
-    assert _head(rc)["spec"]["automountServiceAccountToken"] is True
+    # no pod automounts an API token; the pool-server sidecar alone mounts one
+    assert _head(rc)["spec"]["automountServiceAccountToken"] is False
     assert templates[1]["spec"]["automountServiceAccountToken"] is False
+    token_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+    for tpl in templates:
+        for c in tpl["spec"]["containers"]:
+            mounts = [m["mountPath"] for m in c.get("volumeMounts", ())]
+            assert (token_dir in mounts) == (c["name"] == "pool-server"), c["name"]
+    vols = {v["name"]: v for v in _head(rc)["spec"]["volumes"]}
+    sources = vols["kube-api-token"]["projected"]["sources"]
+    assert sources[0]["serviceAccountToken"]["path"] == "token"
+    assert {"key": "ca.crt", "path": "ca.crt"} in sources[1]["configMap"]["items"]
 
 
 def test_resources_pass_through_or_default() -> None:
@@ -185,7 +194,44 @@ def test_rbac_is_least_privilege_for_own_envpool() -> None:
 
 def test_children_order_and_kinds() -> None:
     kinds = [c["kind"] for c in builders.build_children(_pool(), SETTINGS)]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "RayCluster"]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "ConfigMap",
+                     "RayCluster"]
+
+
+def test_ray_token_auth_is_on_by_default_and_reaches_the_sidecar() -> None:
+    rc = builders.build_ray_cluster(_pool(name="p1"), SETTINGS)
+    assert rc["spec"]["authOptions"] == {"mode": "token"}
+    # KubeRay sets the token on the Ray containers only; the sidecar needs it to connect
+    env = {e["name"]: e for e in _containers(rc)["pool-server"]["env"]}
+    assert env["RAY_AUTH_MODE"]["value"] == "token"
+    assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "p1", "key": "auth_token"}  # the Secret KubeRay generates
+    assert "RAY_AUTH_TOKEN" not in {e["name"] for e in _containers(rc)["ray-head"].get("env", ())}
+
+
+def test_ray_token_auth_opt_out() -> None:
+    rc = builders.build_ray_cluster(_pool(ray={"authMode": "disabled"}), SETTINGS)
+    assert "authOptions" not in rc["spec"]
+    names = {e["name"] for e in _containers(rc)["pool-server"]["env"]}
+    assert not names & {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}
+    assert _hash(ray={"authMode": "disabled"}) != _hash()  # new pods: Ray reads it at start
+
+
+def test_network_policy_admits_only_the_pool_and_its_trainers() -> None:
+    pol = builders.build_network_policy(_pool(name="p1", metrics={"port": 9100}))
+    assert pol["kind"] == "NetworkPolicy" and pol["metadata"]["name"] == "p1-ray"
+    sp = pol["spec"]
+    assert sp["podSelector"] == {"matchLabels": {"envpool.dev/pool": "p1"}}
+    assert sp["policyTypes"] == ["Ingress"]
+    peers, metrics = sp["ingress"]
+    # every port, but only from this pool's pods and pods labelled as its trainers
+    # (pod selectors without a namespace selector: this namespace only)
+    assert "ports" not in peers
+    assert peers["from"] == [{"podSelector": {"matchLabels": {"envpool.dev/pool": "p1"}}},
+                             {"podSelector": {"matchLabels": {"envpool.dev/trainer": "p1"}}}]
+    # from anywhere: only the pool server's metrics port (Prometheus)
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 9100}]
+    assert builders.TRAINER_LABEL == "envpool.dev/trainer"
 
 
 def _hash(**over: Any) -> str:

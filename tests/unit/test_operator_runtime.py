@@ -48,6 +48,23 @@ def test_metrics_on_an_injected_registry() -> None:
         "envpool_operator_reconciles_total", {"result": "retry"}) is None
 
 
+def test_metrics_bind_loopback_unless_in_a_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    from remote_env import kubeconfig
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert kubeconfig.default_bind_address() == "127.0.0.1"
+    server, _thread = metrics.serve(prometheus_client.CollectorRegistry(), 0)
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.shutdown()
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    assert kubeconfig.default_bind_address() == "0.0.0.0"
+    cfg = settings.from_env({"ENVPOOL_OPERATOR_METRICS_ADDR": "10.0.0.5"})
+    assert cfg.metrics_addr == "10.0.0.5" and settings.Settings().metrics_addr == ""
+    assert cli._parser().parse_args(["--metrics-addr", "::1"]).metrics_addr == "::1"
+
+
 def test_cli_arguments() -> None:
     p = cli._parser()
     a = p.parse_args(["-n", "x", "--namespace", "y", "--liveness", "http://0.0.0.0:8080/healthz",

@@ -65,9 +65,12 @@ operator/envpool_operator (kopf handlers + kube.py):
   pool server's Role (RBAC escalation check: it must hold what it grants).
 - envpools/status patch: phase, conditions (kopf patch + kube.patch_envpool_status).
 - children are written with server-side apply (PATCH; creating needs `create`
-  too): ServiceAccount, Role, RoleBinding, ConfigMap, RayCluster. Only the
-  RayCluster is read back (get) and watched (status refresh). Nothing is
-  deleted by the operator: children go through ownerReferences and the GC.
+  too): ServiceAccount, Role, RoleBinding, NetworkPolicy, ConfigMap, RayCluster.
+  Only the RayCluster is read back (get) and watched (status refresh). Nothing
+  is deleted by the operator: children go through ownerReferences and the GC.
+  RBAC cannot say "only objects I made" (their names are not known in advance),
+  so templates/admission-policy.yaml does: those writes must carry the operator's
+  label, be owned by an EnvPool and be named after it.
 - events create: kopf posts warnings as core/v1 Events.
 No Secrets, no Pods, no delete, no bind/escalate.
 */}}
@@ -86,6 +89,9 @@ No Secrets, no Pods, no delete, no bind/escalate.
   verbs: ["create", "patch"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
+  verbs: ["create", "patch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
   verbs: ["create", "patch"]
 - apiGroups: [""]
   resources: ["events"]

@@ -77,9 +77,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+  # Images are imported, never pulled: every registry resolves to a closed
+  # loopback port, so a pod naming an image this node lacks fails at once
+  # (ErrImagePull) instead of reaching out to a registry.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$ND/containerd/certs.d"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$CNI_BIN_DIR"
     conf_dir = "$ND/cni/net.d"
+TOML
+  mkdir -p "$ND/containerd/certs.d/_default"
+  cat >"$ND/containerd/certs.d/_default/hosts.toml" <<TOML
+server = "http://127.0.0.1:9"
+[host."http://127.0.0.1:9"]
+  capabilities = ["pull", "resolve"]
 TOML
   # routes to the pod and Service CIDRs only: a pod has no way off this machine
   cat >"$ND/cni/net.d/10-envpool.conflist" <<JSON

@@ -265,3 +265,21 @@ print(json.dumps(out))
     assert "00000000" not in destinations, f"a default route in the pod: {got['routes']}"
     assert got["outside"] == "Network is unreachable", got
     assert got["dns_service"] == "routable", got
+
+
+def test_images_are_never_pulled_from_a_registry(kube_cluster: Any, real_node: RealNode, namespace: str) -> None:
+    """An image the node lacks fails at once: every registry resolves to a closed loopback port."""
+    pod = real_node.pod("pull", ["true"], namespace=namespace)
+    container = pod["spec"]["containers"][0]
+    container["image"], container["imagePullPolicy"] = "ghcr.io/envpool-dev/envpool:0.1.0", "IfNotPresent"
+    kube_cluster.apply(pod)
+
+    def pull_failed() -> str | None:
+        statuses = _pod(kube_cluster, namespace, "pull")["status"].get("containerStatuses") or []
+        waiting = statuses[0]["state"].get("waiting", {}) if statuses else {}
+        if waiting.get("reason") == "ErrImagePull":  # (BackOff between tries says less)
+            return str(waiting.get("message", ""))
+        return None
+
+    message = kube_cluster.wait_until(pull_failed, timeout=90, interval=0.2, what="the pull to be refused")
+    assert "127.0.0.1:9" in message, message  # never a registry's own address

@@ -21,14 +21,16 @@ Wiring (``remote_env/cli/__init__.py``)::
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
-from remote_env import kubeconfig
+from remote_env import kubeconfig, restarts
 from remote_env import spec as spec_mod
 from remote_env.pool import spec_source
 
@@ -60,6 +62,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--destroy-on-exit", action="store_true",
                    help="kill the pool's actors when the server stops (default: keep them "
                         "for the next pool server)")
+    p.add_argument("--connect-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="how long to wait for the Ray head at start (a sidecar starts beside it; "
+                        "default 300)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(fn=serve)
     return p
@@ -71,6 +76,26 @@ def _http_addr(args: argparse.Namespace) -> str:
     if os.environ.get("ENVPOOL_HTTP_ADDR"):
         return os.environ["ENVPOOL_HTTP_ADDR"]
     return kubeconfig.default_bind_address()
+
+
+def _connect(ray: Any, address: str, namespace: str, timeout: float) -> bool:
+    """``ray.init`` once the cluster answers: in a head pod the sidecar starts with the
+    Ray head, whose GCS takes seconds to come up (a crash there was a restart per pool)."""
+    deadline = time.monotonic() + timeout
+    for attempt in itertools.count():
+        try:
+            # log_to_driver=False made every actor call ~7x slower here (Ray 2.60): keep the default
+            ray.init(address=address, namespace=namespace)
+            return True
+        except ConnectionError as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.error("Ray at %s: %s", address, exc)
+                return False
+            wait = min(restarts.backoff(0.5, attempt, 5.0), left)
+            log.info("waiting for the Ray cluster at %s (%s); retry in %.1fs", address, exc, wait)
+            time.sleep(wait)
+    return False
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -92,8 +117,10 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     namespace = args.ray_namespace or spec.ray_namespace
-    # log_to_driver=False made every actor call ~7x slower here (Ray 2.60): keep the default
-    ray.init(address=address, namespace=namespace)
+    if not _connect(ray, address, namespace, args.connect_timeout):
+        print(f"envpool serve: no Ray cluster at {address} after {args.connect_timeout:.0f}s",
+              file=sys.stderr)
+        return 1
 
     stop = threading.Event()
     watcher = spec_source.ConfigFile(args.config)

@@ -225,8 +225,8 @@ def attach(
         namespace: Ray namespace of the pool (default ``envpool-<name>``).
         lease_timeout_s: the lease expires this long after the last heartbeat (a
             dead trainer's envs return to the pool after it).
-        wait_s: wait up to this long for enough free envs (others' leases ending,
-            the pool starting); 0 fails at once.
+        wait_s: wait up to this long for the pool to exist and for enough free envs
+            (others' leases ending, the pool starting); 0 fails at once.
         replace_timeout_s: how long a step waits for the pool server to replace a
             failed actor before raising.
         trainer: a name for this trainer in the pool's ``/status`` (default host:pid).
@@ -249,13 +249,20 @@ def attach(
         # log_to_driver=False made every actor call ~7x slower here (Ray 2.60)
         ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto")
     ns = namespace or spec_mod.ray_namespace(name)
-    try:
-        registry = pool_registry.get_registry(ns)
-    except ValueError:
-        raise PoolNotFoundError(
-            f"no pool {name!r} on this Ray cluster (no actor {pool_registry.REGISTRY_NAME!r} in "
-            f"Ray namespace {ns!r}): is `envpool serve` running for it?"
-        ) from None
+    # a trainer started with its pool (a Job beside `kubectl apply`) waits for it too
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            registry = pool_registry.get_registry(ns)
+            break
+        except ValueError:
+            if time.monotonic() >= deadline:
+                raise PoolNotFoundError(
+                    f"no pool {name!r} on this Ray cluster (no actor {pool_registry.REGISTRY_NAME!r} "
+                    f"in Ray namespace {ns!r}) after waiting {wait_s:g}s: is `envpool serve` "
+                    "running for it?"
+                ) from None
+            time.sleep(0.5)
     who = trainer or f"{socket.gethostname()}:{os.getpid()}"
     lease = _acquire(registry, who, num_envs, lease_timeout_s, wait_s)
     keeper = _LeaseKeeper(registry, lease["lease_id"], who,

@@ -193,6 +193,11 @@ def test_leases_are_disjoint_expire_with_their_trainer_and_show_over_http(
             attach("lease", num_envs=2)
         with pytest.raises(PoolNotFoundError, match="no pool 'nope'"):
             attach("nope")
+        # wait_s covers a pool that is not there yet (a trainer started beside its pool)
+        t0 = time.monotonic()
+        with pytest.raises(PoolNotFoundError, match="after waiting 1.5s"):
+            attach("nope", wait_s=1.5)
+        assert time.monotonic() - t0 >= 1.5
 
         # /status, /metrics and /healthz over HTTP while a and b hold leases
         st = wait_for(lambda: (s := _status(url))["leasedEnvs"] == 6 and s, 10, "leases shown")

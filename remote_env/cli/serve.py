@@ -32,7 +32,7 @@ from typing import Any
 
 from remote_env import kubeconfig, restarts
 from remote_env import spec as spec_mod
-from remote_env.pool import spec_source
+from remote_env.pool import actors, spec_source
 
 log = logging.getLogger("remote_env.serve")
 
@@ -114,6 +114,10 @@ def serve(args: argparse.Namespace) -> int:
         spec = spec_mod.load(args.config)
     except spec_mod.SpecError as exc:
         print(f"envpool serve: {exc}", file=sys.stderr)
+        return 2
+    bad_env = actors.runtime_env_error(spec.ray.runtime_env)
+    if bad_env is not None:
+        print(f"envpool serve: {args.config}: spec.ray.runtimeEnv: {bad_env}", file=sys.stderr)
         return 2
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     namespace = args.ray_namespace or spec.ray_namespace

@@ -295,14 +295,24 @@ class ActorSet:
             kwargs["restarts"] = [s.restarts] * s.num_envs
         host_cls = RemoteVectorEnv.host_class()
         factory = entrypoints.EnvFactory.from_spec(spec.env)
+        bad_env = runtime_env_error(spec.ray.runtime_env)
+        if bad_env is not None:
+            self._launch_failed(s, f"spec.ray.runtimeEnv: {bad_env}")
+            return
         for _ in range(3):
             s.generation += 1
             try:
                 s.handle = host_cls.options(name=s.name, **options).remote(
                     [factory] * s.num_envs, **kwargs)
                 break
-            except ValueError as exc:  # the name is taken: a stale actor; skip a generation
-                log.warning("pool %s: %s", spec.name, exc)
+            except ValueError as exc:
+                if "already taken" not in str(exc):
+                    self._launch_failed(s, first_line(exc))
+                    return
+                log.warning("pool %s: %s", spec.name, exc)  # a stale actor: skip a generation
+            except Exception as exc:  # Ray refused the actor: no retry will do better
+                self._launch_failed(s, first_line(exc))
+                return
         else:
             raise RuntimeError(f"pool {spec.name}: cannot name a new actor for slot {s.slot}")
         s.actor_id = s.handle._actor_id.hex()
@@ -311,6 +321,16 @@ class ActorSet:
         s.node_id = ""
         self.dirty = True
 
+
+    def _launch_failed(self, s: Slot, message: str) -> None:
+        """Ray would not create ``s``'s actor: the slot is failed, with the reason."""
+        s.handle = s.ping_ref = s.start_ref = None
+        s.state = "failed"
+        s.last_error = f"{s.name}: launch failed: {message}"
+        self.last_error = s.last_error
+        self.metrics.failures["exception"].inc(s.num_envs)
+        self.dirty = True
+        log.error("pool %s: %s", self.spec.name, s.last_error)
 
     def _has_env_resource(self) -> bool:
         import ray
@@ -362,3 +382,21 @@ class ActorSet:
             self.dirty = True
             log.info("pool %s: scaled down to %d envs in %d actors", self.spec.name, desired,
                      len(self.slots))
+
+
+def runtime_env_error(runtime_env: Mapping[str, Any]) -> str | None:
+    """What Ray's own ``RuntimeEnv`` says is wrong with ``runtime_env`` (None: nothing).
+
+    Here, not in the spec parser: the spec model is pure (no Ray import); this runs
+    where a spec is loaded to be run (``envpool run -f``, ``envpool serve``) and
+    again before each actor launch.
+    """
+    if not runtime_env:
+        return None
+    from ray.runtime_env import RuntimeEnv
+
+    try:
+        RuntimeEnv(**dict(runtime_env))
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None

@@ -78,6 +78,22 @@ def test_bad_input_is_a_usage_error() -> None:
         assert "Traceback" not in out.stderr, (args, out.stderr)
 
 
+def test_a_runtime_env_ray_rejects_is_a_usage_error(tmp_path: Path) -> None:
+    import yaml
+
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(yaml.safe_dump({
+        "apiVersion": "envpool.dev/v1alpha1", "kind": "EnvPool", "metadata": {"name": "x"},
+        "spec": {"env": {"id": "CartPole-v1"}, "replicas": 2, "ray": {"runtimeEnv": {"pip": 5}}},
+    }))
+    for args in (["run", "-f", str(pool)], ["serve", "--config", str(pool)]):
+        out = _run(*args, timeout=60)
+        assert out.returncode == 2, (args, out.stderr)
+        assert "spec.ray.runtimeEnv: TypeError: runtime_env['pip'] must be" in out.stderr, \
+            out.stderr
+        assert "Traceback" not in out.stderr
+
+
 def test_ctrl_c_stops_cleanly() -> None:
     proc = subprocess.Popen([*ENVPOOL, "run", "--num-envs", "2", "--envs-per-actor", "1",
                              "--seconds", "120"], cwd=REPO, text=True,

@@ -393,6 +393,25 @@ def test_pool_server_killed_and_restarted_readopts_its_actors(
         _destroy(cleanup)
 
 
+def test_a_runtime_env_ray_rejects_fails_its_slots_with_the_reason(cluster: Cluster,
+                                                                   tmp_path: Path) -> None:
+    """The pure parser accepts it (no Ray there); the launch marks the slots failed."""
+    doc = _spec("badenv", tmp_path / "constructed", replicas=4, per_actor=2,
+                ray={"runtimeEnv": {"pip": 5}})
+    server = _server(doc)
+    try:
+        st = wait_for(lambda: (s := server.status()).get("failedEnvs") == 4 and s, 30,
+                      "the slots marked failed")
+        assert st["readyEnvs"] == 0
+        assert "launch failed: spec.ray.runtimeEnv: TypeError: runtime_env['pip'] must be" \
+            in st["lastError"], st["lastError"]
+        assert server.registry.get_sample_value(
+            "envpool_envs", {"pool": "badenv", "state": "failed"}) == 4
+        assert _named_actors(server.ray_namespace) == ["envpool-registry"], "no env actor"
+    finally:
+        _destroy(server)
+
+
 def test_a_frozen_trainer_that_lost_its_lease_is_told_so(cluster: Cluster, tmp_path: Path) -> None:
     """SIGSTOP a trainer past its ttl: another trainer gets the envs; on SIGCONT the
     first one's next step raises LeaseLostError instead of sharing the envs."""

@@ -177,6 +177,9 @@ class ActorSet:
     _seeds: list[int | None]
     _restarts: np.ndarray
     _failed: np.ndarray
+    #: Lease epoch sent with every hot call (envs leased from a pool, see
+    #: remote_env.pool.attach); the actors refuse older ones. None: not fenced.
+    _lease_epoch: int | None = None
 
     def _error(self, host: Host, f: Any) -> errors.SubEnvironmentError:
         e = int(host.env_ids[f.index])
@@ -292,8 +295,11 @@ class ActorSet:
         ``call``/``set_attr`` take the same path as steps, so they run after them.
         """
         chan = self._channel(host)
+        epoch = self._lease_epoch
         if chan is not None:
-            return chan.call((method, *args))
+            return chan.call((method, *args) if epoch is None else ("fenced", epoch, method, *args))
+        if epoch is not None:
+            return host.handle.fenced.remote(epoch, method, *args)
         return getattr(host.handle, method).remote(*args)
 
     def _channel(self, host: Host) -> channel.Channel | None:

@@ -120,6 +120,7 @@ class CallLoop(FaultHandling):
         """
         out: Batches = []
         raised: list[Exception] = []
+        lost: list[Exception] = []
         for key in keys:
             call = self._calls.pop(key)
             self._busy[call.env_ids] = False
@@ -128,6 +129,9 @@ class CallLoop(FaultHandling):
                 batch = self._result(key, call, key in hung)
             except errors.SubEnvironmentError as exc:
                 raised.append(exc)
+                continue
+            except errors.LeaseLostError as exc:  # fenced out: the envs are someone else's
+                lost.append(exc)
                 continue
             if batch is None:
                 continue
@@ -142,8 +146,8 @@ class CallLoop(FaultHandling):
                     self._failed[e] = True
                     raised.append(self._error(host, f))
             out.append((host.env_ids[batch.indices], batch))
-        if raised:
-            raise raised[0]
+        if lost or raised:
+            raise (lost or raised)[0]
         return out
 
     def _collect_all(self, timeout: float | None) -> Batches:

@@ -49,6 +49,8 @@ from typing import Any
 
 import cloudpickle
 
+from remote_env import errors
+
 AUTH_TIMEOUT_S = 5.0
 _NONCE = 32
 _ID = struct.Struct("!Q")
@@ -58,6 +60,9 @@ _OK, _ERR = 0, 1
 __all__ = ["AuthenticationError", "ChannelClosedError", "RemoteCallError", "ResultDecodeError"]
 
 # ----------------------------------------------------------------- errors
+
+#: Errors a host raises on purpose that reach the driver as themselves.
+_PASS_THROUGH = (errors.LeaseLostError,)
 
 
 class ChannelClosedError(ConnectionError):
@@ -175,6 +180,7 @@ class ChannelServer:
                         self._handler(pickle.loads(data[_ID.size:])))
                 except Exception as exc:  # decoding the call, the handler or the reply failed
                     reply = _REPLY.pack(call_id, _ERR) + pickle.dumps(
+                        exc if isinstance(exc, _PASS_THROUGH) else
                         RemoteCallError(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
                 try:
                     conn.send_bytes(reply)

@@ -12,6 +12,7 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoA
 __all__ = [
     "AlreadyPendingCallError",
     "ClosedEnvironmentError",
+    "LeaseLostError",
     "NoAsyncCallError",
     "ResultError",
     "SubEnvironmentError",
@@ -45,3 +46,12 @@ class ResultError(SubEnvironmentError):
     a reply that does not unpickle here, e.g. an object whose class only the actor's
     runtime env can import). The envs are not restarted (it is not their fault); the
     vector env stays usable."""
+
+
+class LeaseLostError(RuntimeError):
+    """This trainer's lease on pool envs ended (expired, and another trainer took them).
+
+    Raised by the env actors themselves when a call carries a lease older than the
+    one they hold (a fenced lease), so a trainer that resumes after a long pause
+    never steps envs that are someone else's now. Attach again for new envs.
+    """

@@ -187,6 +187,8 @@ class FaultHandling(ActorSet):
         except (self._ray.exceptions.RayActorError, channel.ChannelClosedError) as exc:
             message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             return self._lose_actor(call, "actor_died", message)
+        except errors.LeaseLostError as exc:  # Ray's error is also an instance of its cause
+            raise errors.LeaseLostError(str(getattr(exc, "cause", None) or exc)) from None
         except (self._ray.exceptions.RayTaskError, channel.RemoteCallError) as exc:
             raise errors.SubEnvironmentError(
                 ids[0], f"the actor call for sub-environments {ids} failed: {exc}",

@@ -31,13 +31,14 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from remote_env import multi_agent, restarts
+from remote_env import errors, multi_agent, restarts
 from remote_env._types import Batch, Failure, FailureReason
 
 EnvFn = Callable[[], Any]
 T = TypeVar("T")
 # what a driver may call over a channel (the hot calls; lifecycle stays with Ray)
-_CHANNEL_METHODS = frozenset({"step", "reset", "call", "set_attr"})
+_FENCED_METHODS = frozenset({"step", "reset", "call", "set_attr"})
+_CHANNEL_METHODS = _FENCED_METHODS | {"fenced"}
 
 
 def restart_seed(seed: int | None, restarts: int) -> int | None:
@@ -175,6 +176,8 @@ class SubEnvHost:
         # step/reset may also arrive over a channel (its own thread): one call at a time
         self._lock = threading.RLock()
         self._channel: Any = None
+        # highest lease epoch seen (pool actors): calls with an older one are refused
+        self._fence = 0
         for n, slot in enumerate(self._slots):
             if restarts is not None:
                 slot.restarts = restarts[n]
@@ -318,6 +321,30 @@ class SubEnvHost:
         if name not in _CHANNEL_METHODS:
             raise ValueError(f"unknown channel call {name!r}; expected one of {sorted(_CHANNEL_METHODS)}")
         return getattr(self, name)(*args)
+
+    def fence(self, epoch: int) -> int:
+        """Refuse calls of leases older than ``epoch`` from now on (the pool's registry
+        calls it when it grants a lease); returns the fence."""
+        with self._lock:
+            self._fence = max(self._fence, int(epoch))
+            return self._fence
+
+    def fenced(self, epoch: int, method: str, *args: Any) -> Any:
+        """``method(*args)`` for the holder of lease ``epoch`` (pool trainers call this).
+
+        Raises:
+            LeaseLostError: a newer lease was granted on this actor.
+        """
+        if method not in _FENCED_METHODS:
+            raise ValueError(f"unknown fenced call {method!r}; expected one of "
+                             f"{sorted(_FENCED_METHODS)}")
+        with self._lock:  # the check and the call are one step for other callers
+            if epoch < self._fence:
+                raise errors.LeaseLostError(
+                    f"this actor's envs were leased to another trainer (lease epoch "
+                    f"{self._fence} > this call's {epoch}): the lease expired; attach again")
+            self._fence = epoch
+            return getattr(self, method)(*args)
 
     def reset(
         self,

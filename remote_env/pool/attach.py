@@ -43,17 +43,19 @@ class PoolNotFoundError(RuntimeError):
     """No pool of that name runs on the Ray cluster."""
 
 
-class LeaseLostError(RuntimeError):
-    """This trainer's lease expired and another trainer took (some of) its envs."""
+#: This trainer's lease expired and another trainer took (some of) its envs; raised by
+#: the env actors themselves (fenced leases) and by the registry.
+LeaseLostError = errors.LeaseLostError
 
 
 class _LeaseKeeper:
     """Renews a lease on a daemon thread. Holds no reference to the env (GC)."""
 
     def __init__(self, registry: Any, lease_id: str, trainer: str, slots: Sequence[int],
-                 ttl_s: float) -> None:
+                 ttl_s: float, epoch: int = 0) -> None:
         self.registry = registry
         self.lease_id = lease_id
+        self.epoch = epoch
         self.trainer = trainer
         self.slots = list(slots)
         self.ttl_s = ttl_s
@@ -70,7 +72,8 @@ class _LeaseKeeper:
         while not self._stop.wait(self.ttl_s / 3):
             try:
                 ok = ray.get(self.registry.renew.remote(self.lease_id, self.trainer, self.slots,
-                                                        self.ttl_s), timeout=self.ttl_s / 3)
+                                                        self.ttl_s, self.epoch),
+                             timeout=self.ttl_s / 3)
             except Exception as exc:  # registry unreachable for now: try again next beat
                 log.warning("lease %s: renew failed: %s", self.lease_id[:8], exc)
                 continue
@@ -104,8 +107,9 @@ class _PoolReplacer:
     """``actor_replacer`` for RemoteVectorEnv: the pool server replaces, we wait."""
 
     def __init__(self, registry: Any, namespace: str, slot_of: dict[str, int],
-                 first_env: dict[int, int], timeout_s: float) -> None:
+                 first_env: dict[int, int], timeout_s: float, lease_id: str) -> None:
         self.registry = registry
+        self.lease_id = lease_id
         self.namespace = namespace
         self.slot_of = slot_of
         self.first_env = first_env
@@ -118,11 +122,11 @@ class _PoolReplacer:
         slot = self.slot_of[actor_id]
         env = self.first_env[slot]
         deadline = time.monotonic() + self.timeout_s
-        self._registry_call(deadline, "request_replace", slot, actor_id, reason)
+        self._registry_call(deadline, "request_replace", slot, actor_id, reason, self.lease_id)
         while True:
             left = deadline - time.monotonic()
             res = self._registry_call(deadline, "wait_for_replacement", slot, actor_id,
-                                      max(0.0, min(left, 10.0)))
+                                      max(0.0, min(left, 10.0)), self.lease_id)
             if "slot" in res:
                 info: pool_registry.SlotInfo = res["slot"]
                 handle = ray.get_actor(info.actor_name, namespace=self.namespace)
@@ -150,6 +154,8 @@ class _PoolReplacer:
         while True:
             try:
                 return ray.get(getattr(self.registry, method).remote(*args))
+            except errors.LeaseLostError as exc:  # Ray's error is also an instance of it
+                raise errors.LeaseLostError(str(getattr(exc, "cause", None) or exc)) from None
             except ray.exceptions.RayActorError:
                 if time.monotonic() >= deadline:
                     raise
@@ -166,6 +172,7 @@ class PoolVectorEnv(RemoteVectorEnv):
     def _attach_lease(self, pool: str, keeper: _LeaseKeeper) -> None:
         self.pool = pool
         self._lease = keeper
+        self._lease_epoch = keeper.epoch  # sent with every host call: the actors check it
         self.lease_id = keeper.lease_id
         self.slots = list(keeper.slots)
 
@@ -266,7 +273,7 @@ def attach(
     who = trainer or f"{socket.gethostname()}:{os.getpid()}"
     lease = _acquire(registry, who, num_envs, lease_timeout_s, wait_s)
     keeper = _LeaseKeeper(registry, lease["lease_id"], who,
-                          [s.slot for s in lease["slots"]], lease_timeout_s)
+                          [s.slot for s in lease["slots"]], lease_timeout_s, lease["epoch"])
     try:
         return _build(name, ns, registry, lease, keeper, replace_timeout_s, kwargs)
     except BaseException:
@@ -307,7 +314,7 @@ def _build(name: str, ns: str, registry: Any, lease: dict[str, Any], keeper: _Le
         first_env[s.slot] = n
         n += s.num_envs
     replacer = _PoolReplacer(registry, ns, {s.actor_id: s.slot for s in slots}, first_env,
-                             replace_timeout_s)
+                             replace_timeout_s, keeper.lease_id)
     ft = pool.fault_tolerance
     options: dict[str, Any] = {
         "batch_wait_ms": pool.batch_wait_ms,

@@ -17,6 +17,15 @@ server finds its layout and leases here, a trainer finds the actors here.
   publish it (:meth:`~PoolRegistry.wait_for_replacement`): the pool server is
   the one owner of restarts.
 
+Leases are fenced. Each grant gets an epoch larger than any before it (from the
+wall clock, so a restarted registry keeps counting up); the registry raises the
+fence of every leased actor to it before the grant returns, and trainers send
+their epoch with every host call (:meth:`remote_env.host.SubEnvHost.fenced`), so
+a trainer that resumes after its lease went to someone else gets
+``LeaseLostError`` from the actor itself, not a step of another trainer's env.
+Only the holder (who knows the lease id, shown nowhere else) can release a lease
+or ask for its actors to be replaced.
+
 A plain class (threaded Ray actor: the long-polls block a thread each), so it is
 unit-tested in-process with a fake clock.
 """
@@ -24,11 +33,14 @@ unit-tested in-process with a fake clock.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
+
+from remote_env import errors
 
 REGISTRY_NAME: Final = "envpool-registry"
 #: Threads of the registry actor: long-polls (pool server, trainers waiting for a
@@ -60,6 +72,14 @@ class _Lease:
     ttl_s: float
     expires: float
     acquired: float
+    epoch: int = 0
+
+
+#: ``fencer(slots, epoch)``: raise the fence of the slots' actors to ``epoch``.
+Fencer = Callable[[Sequence[SlotInfo], int], None]
+#: How long a grant waits for its actors to take the new fence (a busy actor answers
+#: after its current call; a hung one is the pool server's to replace).
+FENCE_TIMEOUT_S: Final = 10.0
 
 
 class LeaseError(RuntimeError):
@@ -69,9 +89,17 @@ class LeaseError(RuntimeError):
 class PoolRegistry:
     """Layout and leases of one pool. Thread-safe; every method is one Ray call."""
 
-    def __init__(self, pool: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, pool: str, clock: Callable[[], float] = time.monotonic,
+                 fencer: Fencer | None = None,
+                 epoch_clock: Callable[[], int] = time.time_ns,
+                 ray_namespace: str | None = None) -> None:
         self._pool = pool
         self._clock = clock
+        self._fencer = fencer if fencer is not None else functools.partial(
+            _ray_fencer, namespace=ray_namespace)
+        self._epoch_clock = epoch_clock
+        self._last_epoch = 0
+        self._slot_epoch: dict[int, int] = {}  # the epoch each slot was last granted at
         self._cond = threading.Condition()
         self._slots: dict[int, SlotInfo] = {}
         self._pool_info: dict[str, Any] = {}
@@ -155,17 +183,25 @@ class PoolRegistry:
             chosen.sort(key=lambda s: s.slot)
             now = self._clock()
             lease = _Lease(uuid.uuid4().hex, trainer, [s.slot for s in chosen], ttl_s,
-                           now + ttl_s, now)
+                           now + ttl_s, now, self._next_epoch())
             self._leases[lease.lease_id] = lease
+            for s in chosen:
+                self._slot_epoch[s.slot] = lease.epoch
             self._leases_changed()
-            return {"lease_id": lease.lease_id, "slots": chosen, "pool_info": dict(self._pool_info)}
+            pool_info = dict(self._pool_info)
+        # Outside the lock (a Ray call per actor); before returning, so the previous
+        # holder's calls are refused before the new holder's first one.
+        self._fencer(chosen, lease.epoch)
+        return {"lease_id": lease.lease_id, "slots": chosen, "pool_info": pool_info,
+                "epoch": lease.epoch}
 
-    def renew(self, lease_id: str, trainer: str, slots: Sequence[int], ttl_s: float) -> bool:
+    def renew(self, lease_id: str, trainer: str, slots: Sequence[int], ttl_s: float,
+              epoch: int = 0) -> bool:
         """Extend a lease by ``ttl_s``.
 
         A lease that expired (or that a restarted registry forgot) is granted again
-        when nobody took its actors meanwhile; False means the actors are gone or
-        someone else's now.
+        when nobody took its actors meanwhile (no later grant on any of its slots);
+        False means the actors are gone or someone else's now.
         """
         with self._cond:
             now = self._clock()
@@ -175,29 +211,38 @@ class PoolRegistry:
                 taken = self._leased_slots()
                 # generation 0: a restarted registry still waiting for the layout
                 if any(s in taken or (self._generation and s not in self._slots)
-                       for s in slots):
+                       or self._slot_epoch.get(s, epoch) != epoch for s in slots):
                     return False
-                lease = _Lease(lease_id, trainer, list(slots), ttl_s, now, now)
+                lease = _Lease(lease_id, trainer, list(slots), ttl_s, now, now, epoch)
                 self._leases[lease_id] = lease
+                for s in slots:
+                    self._slot_epoch[s] = epoch
                 self._leases_changed()
             lease.ttl_s = ttl_s
             lease.expires = now + ttl_s
             return True
 
     def release(self, lease_id: str) -> bool:
+        """End lease ``lease_id`` (its id is the holder's proof: no one else is told it)."""
         with self._cond:
             found = self._leases.pop(lease_id, None) is not None
             if found:
                 self._leases_changed()
             return found
 
-    def request_replace(self, slot: int, actor_id: str, reason: str) -> bool:
+    def request_replace(self, slot: int, actor_id: str, reason: str, lease_id: str) -> bool:
         """Ask the pool server to replace ``slot``'s actor ``actor_id`` (dead or hung).
 
-        Returns False when that actor is no longer the slot's (already replaced or
-        removed): the caller can pick up the current one right away.
+        Only for the holder of ``slot`` (lease ``lease_id``). Returns False when that
+        actor is no longer the slot's (already replaced or removed): the caller can
+        pick up the current one right away.
+
+        Raises:
+            LeaseLostError: ``lease_id`` does not hold ``slot`` (expired, released,
+                or never did).
         """
         with self._cond:
+            self._check_holder(lease_id, slot)
             current = self._slots.get(slot)
             if self._generation and (current is None or current.actor_id != actor_id):
                 return False
@@ -205,12 +250,16 @@ class PoolRegistry:
             self._cond.notify_all()
             return True
 
-    def wait_for_replacement(self, slot: int, old_actor_id: str, timeout: float) -> dict[str, Any]:
+    def wait_for_replacement(self, slot: int, old_actor_id: str, timeout: float,
+                             lease_id: str) -> dict[str, Any]:
         """Wait until ``slot`` holds a ready actor other than ``old_actor_id``.
 
         Returns ``{"slot": SlotInfo}`` when it does, ``{"removed": True}`` when the
         slot was scaled away, ``{"failed": SlotInfo}`` when it is out of restarts,
         ``{"timeout": True, "server_seen_s_ago": ...}`` otherwise.
+
+        Raises:
+            LeaseLostError: ``lease_id`` does not hold ``slot`` (any more).
         """
         def settled() -> bool:
             cur = self._slots.get(slot)
@@ -219,7 +268,9 @@ class PoolRegistry:
             return cur.state == "failed" or (cur.actor_id != old_actor_id and cur.state == "ready")
 
         with self._cond:
+            self._check_holder(lease_id, slot)
             self._cond.wait_for(settled, timeout)
+            self._check_holder(lease_id, slot)
             cur = self._slots.get(slot)
             if cur is None and self._generation > 0:
                 return {"removed": True}
@@ -234,6 +285,18 @@ class PoolRegistry:
         return self._pool
 
     # -------------------------------------------------------------- internals
+    def _next_epoch(self) -> int:
+        self._last_epoch = max(self._last_epoch + 1, self._epoch_clock())
+        return self._last_epoch
+
+    def _check_holder(self, lease_id: str, slot: int) -> None:
+        self._expire()
+        lease = self._leases.get(lease_id)
+        if lease is None or slot not in lease.slots:
+            raise errors.LeaseLostError(
+                f"pool {self._pool!r}: slot {slot} is not held by this trainer's lease (it "
+                "expired or was released); attach again")
+
     def _leases_changed(self) -> None:
         self._lease_version += 1
         self._cond.notify_all()
@@ -250,9 +313,10 @@ class PoolRegistry:
 
     def _lease_summary(self) -> dict[str, Any]:
         now = self._clock()
+        # Ids shortened: the full id is the holder's proof (release, replace).
         leases = [
             {
-                "lease_id": lease.lease_id,
+                "lease_id": lease.lease_id[:8],
                 "trainer": lease.trainer,
                 "slots": list(lease.slots),
                 "envs": sum(self._slots[s].num_envs for s in lease.slots if s in self._slots),
@@ -261,7 +325,8 @@ class PoolRegistry:
             }
             for lease in self._leases.values()
         ]
-        return {"leases": leases, "leased_slots": self._leased_slots()}
+        short = {s: lease_id[:8] for s, lease_id in self._leased_slots().items()}
+        return {"leases": leases, "leased_slots": short}
 
     def _why_not(self, num_envs: int | None, leased: dict[int, str]) -> str:
         states: dict[str, int] = {}
@@ -294,6 +359,25 @@ def _pick(free: Sequence[SlotInfo], target: int) -> list[SlotInfo] | None:
         if left == 0:
             return chosen
     return None
+
+
+def _ray_fencer(slots: Sequence[SlotInfo], epoch: int, namespace: str | None = None) -> None:
+    """Raise the fence of the slots' actors (named actors in Ray namespace ``namespace``)."""
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - ray is a dependency
+        return
+    if not ray.is_initialized():
+        return  # in-process (unit tests): no actors to fence
+    refs: list[Any] = []
+    for s in slots:
+        try:
+            refs.append(ray.get_actor(s.actor_name, namespace=namespace).fence.remote(epoch))
+        except ValueError:  # gone: its replacement starts unfenced and takes the next call's
+            continue
+    if refs:
+        # a dead actor's error or a busy one's delay must not fail the grant
+        ray.wait(refs, num_returns=len(refs), timeout=FENCE_TIMEOUT_S)
 
 
 _REGISTRY_CLS: Any = None

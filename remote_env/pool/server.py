@@ -149,7 +149,7 @@ class PoolServer:
             resources={actors.HEAD_RESOURCE: 0.001},
             # a crashed registry comes back empty; the pool server republishes its layout
             max_restarts=-1,
-        ).remote(self.spec.name)
+        ).remote(self.spec.name, ray_namespace=self.ray_namespace)
         layout = ray.get(self._registry_actor.layout.remote())
         self.actors.adopt(layout)
         if self._http_port >= 0:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 
 class CountingCartPole(gym.Wrapper[Any, Any, Any, Any]):
@@ -40,3 +42,31 @@ def constructions(counter_file: str) -> int:
             return sum(1 for line in f if line.strip())
     except FileNotFoundError:
         return 0
+
+
+class StampEnv(gym.Env[Any, Any]):
+    """Never ends; every step/reset says when it ran (CLOCK_MONOTONIC, shared by the
+    processes of one machine) and how many calls this env has had, so a test can tell
+    whose call ran when (fenced leases)."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(0.0, float("inf"), (1,))
+        self.action_space = gym.spaces.Discrete(2)
+        self.calls = 0
+
+    def _info(self) -> dict[str, Any]:
+        self.calls += 1
+        return {"at": time.monotonic(), "calls": self.calls}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        info = self._info()
+        return np.array([info["calls"]], dtype=np.float32), info
+
+    def step(self, action: Any) -> Any:
+        info = self._info()
+        return np.array([info["calls"]], dtype=np.float32), 0.0, False, False, info
+
+
+def make_stamp_env() -> StampEnv:
+    return StampEnv()

@@ -339,7 +339,7 @@ def test_pool_server_killed_and_restarted_readopts_its_actors(
 
     def ready(want: int) -> dict[str, Any] | None:
         try:
-            st = _status(url)
+            st = _status(url, "?detail=1")  # actor ids: from loopback only
         except OSError:
             return None
         ok = st["readyEnvs"] == st["desiredEnvs"] == want and st["actors"] == st["readyActors"]
@@ -534,4 +534,122 @@ def test_node_killed_its_envs_come_back_on_another_node(cluster: Cluster, tmp_pa
     finally:
         if envs is not None:
             envs.close()
+        _destroy(server)
+
+
+# ----------------------------------------------------------- fenced leases
+#: Trainer A in a process of its own: steps its two envs in a tight loop until its
+#: lease is lost, then prints how many steps it made and when its last one ran.
+_TRAINER_A = """
+import json, sys, time
+import numpy as np
+from remote_env.errors import LeaseLostError
+from remote_env.pool.attach import attach
+envs = attach({pool!r}, address={address!r}, num_envs=2, lease_timeout_s={ttl}, trainer="A")
+if {deaf}:
+    envs._lease._stop.set()  # its heartbeats stop getting through; it keeps stepping
+envs.reset()
+print("stepping", flush=True)
+last_at, steps, lost = 0.0, 0, None
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    try:
+        _, _, _, _, info = envs.step(np.zeros(2, dtype=np.int64))
+    except LeaseLostError as exc:
+        lost = str(exc)
+        break
+    last_at = max(last_at, float(np.max(info["at"])))
+    steps += 1
+print(json.dumps({{"steps": steps, "last_at": last_at, "lost": lost}}), flush=True)
+"""
+
+
+def _stamp_pool(name: str) -> PoolServer:
+    return _server({"apiVersion": "envpool.dev/v1alpha1", "kind": "EnvPool",
+                    "metadata": {"name": name},
+                    "spec": {"env": {"entrypoint": "pool_envs:make_stamp_env"},
+                             "replicas": 2, "envsPerActor": 2}})
+
+
+def _trainer_a(cluster: Cluster, pool: str, ttl: float, deaf: bool) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TRAINER_A.format(pool=pool, address=cluster.address, ttl=ttl,
+                                                 deaf=deaf)],
+        stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.strip() == "stepping", line
+    return proc
+
+
+def _b_steps_alone(b: Any, steps: int) -> None:
+    """B's envs see exactly B's calls: each step is the env's next call, no other's."""
+    _, info = b.reset()
+    calls = info["calls"].copy()
+    for _ in range(steps):
+        _, _, _, _, info = b.step(np.zeros(2, dtype=np.int64))
+        np.testing.assert_array_equal(info["calls"], calls + 1)
+        calls = info["calls"].copy()
+
+
+def _a_result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def test_a_trainer_racing_through_the_handover_is_fenced_out_by_the_actor(
+        cluster: Cluster) -> None:
+    """A's heartbeats stop but A keeps stepping flat out; B attaches the moment the
+    lease expires. Only the actor's fence stands between them: A's first call after
+    B's grant is refused with LeaseLostError, and every step A got ran before B's
+    attach returned; B's envs see B's calls only."""
+    server = _stamp_pool("race")
+    proc = None
+    try:
+        server.wait_ready(60)
+        proc = _trainer_a(cluster, "race", ttl=1.5, deaf=True)
+        b = attach("race", num_envs=2, wait_s=60, trainer="B")  # retries until A lapses
+        granted = time.monotonic()
+        assert proc.poll() is None  # A was still stepping when B got the envs
+        _b_steps_alone(b, 100)
+        a = _a_result(proc)
+        assert a["steps"] > 0 and a["lost"] is not None, a
+        assert "leased to another trainer" in a["lost"], a  # the actor refused it
+        assert a["last_at"] < granted, (a, granted)
+        _b_steps_alone(b, 10)
+        b.close()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        _destroy(server)
+
+
+def test_a_trainer_paused_past_its_lease_gets_lease_lost_on_its_next_call(
+        cluster: Cluster) -> None:
+    """A is stopped (SIGSTOP) mid-loop until its lease expired and B leased its envs,
+    then resumed: its next call raises LeaseLostError and never steps B's envs."""
+    server = _stamp_pool("paused")
+    proc = None
+    try:
+        server.wait_ready(60)
+        proc = _trainer_a(cluster, "paused", ttl=1.5, deaf=False)
+        reg = pool_registry.get_registry(spec.ray_namespace("paused"))
+        proc.send_signal(signal.SIGSTOP)
+        wait_for(lambda: ray.get(reg.layout.remote())["leases"] == [], 30, "A's lease expired")
+        b = attach("paused", num_envs=2, trainer="B")
+        granted = time.monotonic()
+        _, info = b.reset()
+        calls = info["calls"].copy()
+        proc.send_signal(signal.SIGCONT)
+        a = _a_result(proc)
+        assert a["lost"] is not None and a["last_at"] < granted, (a, granted)
+        _, _, _, _, info = b.step(np.zeros(2, dtype=np.int64))
+        np.testing.assert_array_equal(info["calls"], calls + 1)  # nobody else stepped them
+        b.close()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
         _destroy(server)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import pytest
 
+from remote_env.errors import LeaseLostError
 from remote_env.pool.registry import LeaseError, PoolRegistry, SlotInfo
 
 
@@ -21,9 +23,21 @@ def _slots(*sizes: int, state: str = "ready") -> list[SlotInfo]:
     return [SlotInfo(i, f"host-{i:05d}-g1", f"id{i}-1", n, state) for i, n in enumerate(sizes)]  # type: ignore[arg-type]
 
 
-def _registry(*sizes: int) -> tuple[PoolRegistry, Clock]:
+class Fences:
+    """Records what the registry fences (the actors' side in a real pool)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], int]] = []
+
+    def __call__(self, slots: Sequence[SlotInfo], epoch: int) -> None:
+        self.calls.append(([s.actor_name for s in slots], epoch))
+
+
+def _registry(*sizes: int, fences: Fences | None = None,
+              wall: list[int] | None = None) -> tuple[PoolRegistry, Clock]:
     clock = Clock()
-    reg = PoolRegistry("p", clock=clock)
+    wall_clock = (lambda: wall[0]) if wall is not None else (lambda: 5)
+    reg = PoolRegistry("p", clock=clock, fencer=fences or Fences(), epoch_clock=wall_clock)
     reg.server_sync(_slots(*sizes), {"signature": "s"}, timeout=0)
     return reg, clock
 
@@ -66,26 +80,77 @@ def test_a_lease_expires_without_heartbeats_and_revives_if_untouched() -> None:
     a = reg.acquire("a", 2, ttl_s=5)
     slots_a = [s.slot for s in a["slots"]]
     clock.t += 4
-    assert reg.renew(a["lease_id"], "a", slots_a, 5)  # heartbeat in time
+    assert reg.renew(a["lease_id"], "a", slots_a, 5, a["epoch"])  # heartbeat in time
     clock.t += 5.5
     assert reg.layout()["leases"] == []  # expired
     # nobody took the envs: a late heartbeat gets them back
-    assert reg.renew(a["lease_id"], "a", slots_a, 5)
+    assert reg.renew(a["lease_id"], "a", slots_a, 5, a["epoch"])
     assert [lease["trainer"] for lease in reg.layout()["leases"]] == ["a"]
     clock.t += 6
     b = reg.acquire("b", 4, ttl_s=5)  # a expired again; b takes everything
     assert len(b["slots"]) == 2
-    assert not reg.renew(a["lease_id"], "a", slots_a, 5)
+    assert not reg.renew(a["lease_id"], "a", slots_a, 5, a["epoch"])
+
+
+def test_every_grant_fences_its_actors_with_a_larger_epoch_before_it_returns() -> None:
+    fences = Fences()
+    wall = [100]
+    reg, clock = _registry(2, 2, fences=fences, wall=wall)
+    a = reg.acquire("a", 2, ttl_s=5)
+    assert fences.calls == [(["host-00000-g1"], a["epoch"])] and a["epoch"] == 100
+    clock.t += 6  # a expires
+    wall[0] = 50  # the wall clock stepped back: epochs still grow
+    b = reg.acquire("b", 2, ttl_s=5)
+    assert b["slots"] == a["slots"] and b["epoch"] == 101
+    assert fences.calls[-1] == (["host-00000-g1"], 101)
+    # a registry restarted later counts on from the wall clock, above the old epochs
+    fresh = PoolRegistry("p", clock=clock, fencer=fences, epoch_clock=lambda: 10**18)
+    fresh.server_sync(_slots(2, 2), None, timeout=0)
+    assert fresh.acquire("c", 2, ttl_s=5)["epoch"] > b["epoch"]
+
+
+def test_a_lapsed_lease_does_not_revive_over_a_later_one() -> None:
+    reg, clock = _registry(2)
+    a = reg.acquire("a", 2, ttl_s=5)
+    clock.t += 6
+    b = reg.acquire("b", 2, ttl_s=5)  # takes a's actor after a lapsed ...
+    assert reg.release(b["lease_id"])  # ... and gives it back
+    # nothing is leased now, but a's epoch is older than the actor's fence: no revival
+    assert not reg.renew(a["lease_id"], "a", [0], 5, a["epoch"])
+
+
+def test_only_the_holder_releases_or_replaces() -> None:
+    reg, _ = _registry(2, 2)
+    a = reg.acquire("a", 2, ttl_s=10)
+    b = reg.acquire("b", 2, ttl_s=10)
+    (slot_a,) = [s.slot for s in a["slots"]]
+    (slot_b,) = [s.slot for s in b["slots"]]
+    # what /status shows is not enough to act on a lease
+    shown = {lease["lease_id"] for lease in reg.layout()["leases"]}
+    assert shown == {a["lease_id"][:8], b["lease_id"][:8]}
+    assert set(reg.layout()["leased_slots"].values()) == shown
+    for short in shown:
+        assert not reg.release(short)
+    with pytest.raises(LeaseLostError, match=f"slot {slot_b} is not held by this trainer"):
+        reg.request_replace(slot_b, f"id{slot_b}-1", "actor_died", a["lease_id"])
+    with pytest.raises(LeaseLostError):
+        reg.wait_for_replacement(slot_b, f"id{slot_b}-1", 0, a["lease_id"])
+    assert reg.server_sync(None, None, timeout=0)["requests"] == []  # nothing reached it
+    assert reg.request_replace(slot_a, f"id{slot_a}-1", "actor_died", a["lease_id"])
+    assert reg.release(a["lease_id"])
+    with pytest.raises(LeaseLostError):  # released: not the holder any more
+        reg.request_replace(slot_a, f"id{slot_a}-1", "actor_died", a["lease_id"])
 
 
 def test_replacement_requests_reach_the_server_and_trainers_wait_for_the_new_actor() -> None:
     reg, _ = _registry(2, 2)
-    assert not reg.request_replace(0, "stale-id", "actor_died")  # not the slot's actor
+    lease = reg.acquire("a", 4, ttl_s=100)["lease_id"]
+    assert not reg.request_replace(0, "stale-id", "actor_died", lease)  # not the slot's actor
     results: list[dict[str, object]] = []
     waiter = threading.Thread(target=lambda: results.append(
-        reg.wait_for_replacement(1, "id1-1", timeout=10)))
+        reg.wait_for_replacement(1, "id1-1", timeout=10, lease_id=lease)))
     waiter.start()
-    assert reg.request_replace(1, "id1-1", "timeout")
+    assert reg.request_replace(1, "id1-1", "timeout", lease)
     sync = reg.server_sync(None, None, timeout=10)  # returns at once: a request is waiting
     assert sync["requests"] == [(1, "id1-1", "timeout")]
     new = _slots(2, 2)
@@ -96,16 +161,16 @@ def test_replacement_requests_reach_the_server_and_trainers_wait_for_the_new_act
     reg.server_sync(new, None, timeout=0)
     waiter.join(5)
     assert results == [{"slot": new[1]}]
-    assert reg.wait_for_replacement(0, "id0-1", timeout=0) == {
+    assert reg.wait_for_replacement(0, "id0-1", timeout=0, lease_id=lease) == {
         "timeout": True, "server_seen_s_ago": 0.0}
     reg.server_sync(new[1:], None, timeout=0)
-    assert reg.wait_for_replacement(0, "id0-1", timeout=0) == {"removed": True}
+    assert reg.wait_for_replacement(0, "id0-1", timeout=0, lease_id=lease) == {"removed": True}
 
 
 def test_a_restarted_registry_waits_for_the_layout_instead_of_failing_trainers() -> None:
-    reg = PoolRegistry("p", clock=Clock())  # empty, as after a crash
-    assert reg.renew("lease-1", "a", [0, 1], 5)  # cannot check slots yet: keep the lease
-    assert reg.request_replace(0, "id0-1", "actor_died")
-    assert reg.wait_for_replacement(0, "id0-1", timeout=0)["timeout"] is True
+    reg = PoolRegistry("p", clock=Clock(), fencer=Fences())  # empty, as after a crash
+    assert reg.renew("lease-1", "a", [0, 1], 5, 7)  # cannot check slots yet: keep the lease
+    assert reg.request_replace(0, "id0-1", "actor_died", "lease-1")
+    assert reg.wait_for_replacement(0, "id0-1", timeout=0, lease_id="lease-1")["timeout"] is True
     assert reg.server_sync(_slots(2, 2), None, timeout=0)["requests"] == [
         (0, "id0-1", "actor_died")]

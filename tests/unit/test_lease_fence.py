@@ -1,0 +1,61 @@
+"""Fenced leases at the actor: SubEnvHost refuses calls of an older lease (in-process
+and over the socket channel), so a resumed trainer cannot step another's envs."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+from remote_env import channel, errors
+from remote_env.host import SubEnvHost
+
+
+def _host() -> SubEnvHost:
+    host = SubEnvHost([lambda: gym.make("CartPole-v1")] * 2)
+    host.start()
+    return host
+
+
+def test_a_newer_lease_fences_out_the_older_one() -> None:
+    host = _host()
+    host.fenced(5, "reset", [0, 1], [0, 1], None)  # trainer A, epoch 5
+    assert host.fenced(5, "step", [0, 1], [0, 1]).indices == [0, 1]
+    assert host.fence(7) == 7  # the registry grants the actor to B (epoch 7)
+    with pytest.raises(errors.LeaseLostError, match=r"lease epoch 7 > this call's 5"):
+        host.fenced(5, "step", [0, 1], [0, 1])
+    with pytest.raises(errors.LeaseLostError):
+        host.fenced(5, "call", [0], "spec", (), {})
+    host.fenced(7, "reset", [0, 1], [3, 4], None)  # B works
+    assert host.fence(6) == 7  # an older, late fence never lowers it
+    # B's first call raises the fence by itself too (a replacement actor starts at 0)
+    fresh = _host()
+    fresh.fenced(9, "reset", [0], [0], None)
+    with pytest.raises(errors.LeaseLostError):
+        fresh.fenced(8, "step", [0], [0])
+
+
+def test_fenced_only_dispatches_the_hot_calls() -> None:
+    host = _host()
+    for method in ("close", "fence", "fenced", "_create", "open_channel"):
+        with pytest.raises(ValueError, match="unknown fenced call"):
+            host.fenced(1, method)
+
+
+def test_a_stale_call_over_the_channel_is_a_lease_lost_error() -> None:
+    import ray  # only for channel.get's signature: no Ray session is started
+
+    host = _host()
+    server = channel.ChannelServer(host._serve_channel)
+    try:
+        chan = channel.Channel(server.address, server.authkey)
+        call = chan.call(("fenced", 3, "reset", [0, 1], [0, 1], None))
+        assert channel.get(call, ray).indices == [0, 1]
+        host.fence(4)
+        call = chan.call(("fenced", 3, "step", [0, 1], [0, 1]))
+        with pytest.raises(errors.LeaseLostError, match="leased to another trainer"):
+            channel.get(call, ray)
+        # the channel goes on serving the holder of the new lease
+        assert channel.get(chan.call(("fenced", 4, "step", [0], [1])), ray).indices == [0]
+        chan.close()
+    finally:
+        server.close()

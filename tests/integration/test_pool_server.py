@@ -195,7 +195,7 @@ def test_leases_are_disjoint_expire_with_their_trainer_and_show_over_http(
             attach("nope")
         # wait_s covers a pool that is not there yet (a trainer started beside its pool)
         t0 = time.monotonic()
-        with pytest.raises(PoolNotFoundError, match="after waiting 1.5s"):
+        with pytest.raises(PoolNotFoundError, match=r"after waiting 1\.5s"):
             attach("nope", wait_s=1.5)
         assert time.monotonic() - t0 >= 1.5
 

@@ -225,6 +225,7 @@ def _head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> 
             {"name": "client", "containerPort": RAY_CLIENT_PORT},
         ],
         "resources": _resources(pool.ray.head.resources, DEFAULT_HEAD_RESOURCES),
+        **_env_from(pool),
         "securityContext": _container_security(read_only_root=False),
         "volumeMounts": [dict(m) for m in _RAY_MOUNTS],
     }
@@ -287,6 +288,14 @@ def _head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> 
     }
 
 
+def _env_from(pool: spec_mod.PoolSpec) -> dict[str, Any]:
+    """``spec.ray.envFromSecrets`` on a Ray container: the kubelet reads the Secrets,
+    the operator never does (and the pool-server sidecar does not get them)."""
+    if not pool.ray.env_from_secrets:
+        return {}
+    return {"envFrom": [{"secretRef": {"name": n}} for n in pool.ray.env_from_secrets]}
+
+
 def _token_env(pool: spec_mod.PoolSpec) -> list[dict[str, Any]]:
     """The Ray token for a container KubeRay does not set up (the pool-server sidecar)."""
     if not pool.ray.token_auth:
@@ -335,6 +344,7 @@ def _worker_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -
             "image": _image(pool, settings),
             "imagePullPolicy": settings.image_pull_policy,
             "resources": _resources(worker.resources, DEFAULT_WORKER_RESOURCES),
+            **_env_from(pool),
             "securityContext": _container_security(read_only_root=False),
             "volumeMounts": [dict(m) for m in _RAY_MOUNTS],
         }],

@@ -48,6 +48,10 @@ MAX_NODE_SELECTOR: Final = 32
 MAX_LABEL_VALUE_LENGTH: Final = 63
 MAX_TOLERATIONS: Final = 32
 MAX_TOLERATION_KEY_LENGTH: Final = 316
+#: ``ray.envFromSecrets``: Secret names (DNS subdomains) whose keys become env vars.
+MAX_ENV_FROM_SECRETS: Final = 16
+MAX_SECRET_NAME_LENGTH: Final = 253
+SECRET_NAME_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 NAME_RE: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _IDENT: Final = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -107,7 +111,8 @@ OBJECTS: Final[dict[str, tuple[str, ...]]] = {
     "spec.env": ("id", "entrypoint", "kwargs", "multiAgent"),
     "spec.faultTolerance": ("restartFailedEnvs", "stepTimeoutSeconds", "maxRestarts",
                             "restartBackoffSeconds"),
-    "spec.ray": ("version", "image", "authMode", "head", "worker", "runtimeEnv"),
+    "spec.ray": ("version", "image", "authMode", "head", "worker", "runtimeEnv",
+                 "envFromSecrets"),
     "spec.ray.head": ("resources", "nodeSelector", "tolerations"),
     "spec.ray.worker": ("resources", "envsPerWorker", "nodeSelector", "tolerations"),
     "spec.metrics": ("port",),

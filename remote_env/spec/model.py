@@ -84,6 +84,8 @@ class RaySpec:
     runtime_env: Mapping[str, Any]
     #: ``token`` (default): Ray token authentication (KubeRay ``authOptions``); ``disabled``.
     auth_mode: str = fields.FIELDS["spec.ray.authMode"].default
+    #: Secrets whose keys become env vars of the Ray containers (credentials for envs).
+    env_from_secrets: tuple[str, ...] = ()
 
     @property
     def token_auth(self) -> bool:
@@ -187,6 +189,7 @@ class PoolSpec:
                     "tolerations": [dict(t) for t in worker.tolerations],
                 },
                 "runtimeEnv": dict(self.ray.runtime_env),
+                "envFromSecrets": list(self.ray.env_from_secrets),
             },
             "metrics": {"port": self.metrics_port},
             "suspend": self.suspend,

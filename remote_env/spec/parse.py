@@ -102,6 +102,22 @@ def _parse_node_selector(c: checker.Checker, raw: Any, where: str) -> dict[str, 
     return {str(k): str(v) for k, v in node_selector.items()}
 
 
+def _parse_secret_names(c: checker.Checker, raw: Any) -> tuple[str, ...]:
+    path = "spec.ray.envFromSecrets"
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        c.fail(path, f"expected a list of Secret names, got {raw!r}")
+        return ()
+    c.count(raw, path, fields.MAX_ENV_FROM_SECRETS)
+    for i, name in enumerate(raw):
+        if not isinstance(name, str) or not fields.SECRET_NAME_RE.match(name) \
+                or len(name) > fields.MAX_SECRET_NAME_LENGTH:
+            c.fail(f"{path}[{i}]", f"expected a Secret name (lower-case DNS subdomain), got "
+                                   f"{name!r}")
+    return tuple(str(n) for n in raw)
+
+
 def _parse_ray(c: checker.Checker, raw: Any) -> model.RaySpec:
     ray = c.mapping(raw, "spec.ray")
     c.known(ray, "spec.ray")
@@ -138,6 +154,7 @@ def _parse_ray(c: checker.Checker, raw: Any) -> model.RaySpec:
         ),
         runtime_env=dict(c.mapping(ray.get("runtimeEnv"), "spec.ray.runtimeEnv")),
         auth_mode=auth_mode,
+        env_from_secrets=_parse_secret_names(c, ray.get("envFromSecrets")),
     )
 
 

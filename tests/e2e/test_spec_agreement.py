@@ -41,6 +41,7 @@ GOOD: list[tuple[str, str, dict[str, Any]]] = [
         {"key": "k", "operator": "Exists", "effect": "NoSchedule"}]}})),
     ("auth-disabled-old-ray", "good", _spec(ray={"authMode": "disabled", "version": "2.40.0"})),
     ("auth-token", "good", _spec(ray={"authMode": "token"})),
+    ("env-from-secrets", "good", _spec(ray={"envFromSecrets": ["sim-creds", "a.b-c"]})),
 ]
 
 #: Everything test_operator_spec.py, test_pool_spec.py and test_operator_crd.py refuse.
@@ -83,6 +84,8 @@ BAD: list[tuple[str, str, dict[str, Any]]] = [
     ("toleration-exists-empty-key", "bad", _spec(ray={"worker": {"tolerations": [
         {"key": "", "operator": "Exists", "effect": "NoExecute"}]}})),
     ("auth-mode-unknown", "bad", _spec(ray={"authMode": "none"})),
+    ("env-from-secret-bad-name", "bad", _spec(ray={"envFromSecrets": ["Bad_Name"]})),
+    ("env-from-secrets-not-list", "bad", _spec(ray={"envFromSecrets": "creds"})),
     ("auth-token-old-ray", "bad", _spec(ray={"version": "2.51.0"})),
     ("toleration-operator", "bad", _spec(ray={"worker": {"tolerations": [{"operator": "In"}]}})),
     ("node-selector-int", "bad", _spec(ray={"worker": {"nodeSelector": {"zone": 3}}})),

@@ -293,3 +293,17 @@ def test_no_service_links_in_pool_pods() -> None:
     rc = builders.build_ray_cluster(_pool(), SETTINGS)
     assert _head(rc)["spec"]["enableServiceLinks"] is False
     assert rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["enableServiceLinks"] is False
+
+
+def test_env_from_secrets_reach_the_ray_containers_only() -> None:
+    rc = builders.build_ray_cluster(_pool(ray={"envFromSecrets": ["sim-creds", "license"]}),
+                                    SETTINGS)
+    want = [{"secretRef": {"name": "sim-creds"}}, {"secretRef": {"name": "license"}}]
+    assert _containers(rc)["ray-head"]["envFrom"] == want
+    worker = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert worker["envFrom"] == want
+    assert "envFrom" not in _containers(rc)["pool-server"]
+    # the names only, never the values: nothing of the Secret is in the ConfigMap
+    cm = builders.build_config_map(_pool(ray={"envFromSecrets": ["sim-creds"]}))
+    assert "sim-creds" in cm["data"]["pool.yaml"]
+    assert "envFrom" not in _containers(builders.build_ray_cluster(_pool(), SETTINGS))["ray-head"]

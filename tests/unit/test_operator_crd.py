@@ -160,6 +160,12 @@ def test_every_crd_bound_is_in_the_model(crd: dict[str, Any]) -> None:
         sel = schema["properties"]["ray"]["properties"][group]["properties"]["nodeSelector"]
         assert sel["maxProperties"] == spec.fields.MAX_NODE_SELECTOR
         assert sel["additionalProperties"]["maxLength"] == spec.fields.MAX_LABEL_VALUE_LENGTH
+    secrets = schema["properties"]["ray"]["properties"]["envFromSecrets"]
+    assert secrets["maxItems"] == spec.fields.MAX_ENV_FROM_SECRETS
+    lengths["spec.ray.envFromSecrets[]"] = secrets["items"]["maxLength"]
+    assert secrets["items"]["maxLength"] == spec.fields.MAX_SECRET_NAME_LENGTH
+    assert spec.fields.SECRET_NAME_RE.pattern in secrets["items"]["x-kubernetes-validations"][0][
+        "rule"]
     quantities = _node(schema, "resources")["properties"]["requests"]
     assert quantities["maxProperties"] == spec.fields.MAX_QUANTITIES
     assert quantities["additionalProperties"]["maxLength"] == spec.fields.MAX_QUANTITY_LENGTH

@@ -108,6 +108,8 @@ def _errors(raw: dict[str, Any], name: str = "cp", **kw: Any) -> list[str]:
                                                  "effect": "NoExecute"}]}}),
          "tolerations[0].key: required with operator Exists"),
         (_spec(ray={"authMode": "none"}), "spec.ray.authMode: expected one of token, disabled"),
+        (_spec(ray={"envFromSecrets": ["Bad_Name"]}), "spec.ray.envFromSecrets[0]: expected a Secret"),
+        (_spec(ray={"envFromSecrets": "creds"}), "spec.ray.envFromSecrets: expected a list"),
         (_spec(ray={"version": "2.51.0"}), "spec.ray.authMode: token needs Ray >= 2.52.0"),
         (_spec(ray={"worker": {"nodeSelector": {"zone": 3}}}), "expected a string"),
         (_spec(bogus=1), "spec.bogus: unknown field"),

@@ -264,6 +264,10 @@ def _head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> 
         ],
     }
     pod_spec: dict[str, Any] = {
+        # Ray (2.60) finds the node a driver joins by scanning the process table for
+        # the raylet's --node_id: the pool-server sidecar must see the head's
+        # processes, or ray.init() waits 60 s and fails (seen on the real node).
+        "shareProcessNamespace": True,
         "enableServiceLinks": False,
         "serviceAccountName": service_account_name(pool.name),
         # Not automounted (that would put it into every container, the Ray head's

@@ -29,8 +29,12 @@ DEFAULT_ENVS_PER_ACTOR: Final = 8
 #: server asks one unit per env an actor hosts, so actors land on workers, never on
 #: the head. The operator's builders and the pool server both read it here.
 ENV_RESOURCE: Final = "envpool_env"
-#: Ports the Ray head container already listens on (GCS, dashboard, client).
-RAY_PORTS: Final = (6379, 8265, 10001)
+#: Ports the Ray head container already listens on (GCS, dashboard, client, and the
+#: metrics export (8080) and dashboard agent (52365) ports KubeRay sets): the pool
+#: server shares the head pod's network, so its port must be none of them. On the real
+#: node 8080, the old default, was Ray's metrics exporter: the sidecar's readiness
+#: probe got Ray's answer and the pod turned Ready without a pool server.
+RAY_PORTS: Final = (6379, 8080, 8265, 10001, 52365)
 #: Ray's raylet, GCS and object store do not start in less.
 MIN_RAY_MEMORY_BYTES: Final = 256 * 2**20
 #: gymnasium ``AutoresetMode`` values, which the CRD spells the same way.
@@ -99,7 +103,7 @@ FIELDS: Final[dict[str, Field]] = {
     #: token: KubeRay generates a Secret and every Ray process requires it.
     "spec.ray.authMode": Field("string", "token", enum=RAY_AUTH_MODES),
     "spec.ray.worker.envsPerWorker": Field("integer", 64, 1, 10_000),
-    "spec.metrics.port": Field("integer", 8080, 1024, 65535),
+    "spec.metrics.port": Field("integer", 9480, 1024, 65535),
     "spec.suspend": Field("boolean", False),
 }
 

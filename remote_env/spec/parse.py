@@ -211,7 +211,8 @@ def parse_spec(
     c.known(metrics, "spec.metrics")
     port = c.integer(metrics, "spec.metrics.port")
     if port in fields.RAY_PORTS:
-        c.fail("spec.metrics.port", f"{port} is taken by the Ray head (6379, 8265, 10001)")
+        taken = ", ".join(str(p) for p in fields.RAY_PORTS)
+        c.fail("spec.metrics.port", f"{port} is taken by the Ray head ({taken})")
     pool = model.PoolSpec(
         name=name,
         namespace=namespace,

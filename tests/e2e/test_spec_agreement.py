@@ -68,6 +68,7 @@ BAD: list[tuple[str, str, dict[str, Any]]] = [
     ("threads-2000", "bad", _spec(threadsPerActor=2000)),
     ("autoreset-unknown", "bad", _spec(autoresetMode="Sometimes")),
     ("metrics-port-ray", "bad", _spec(metrics={"port": 6379})),
+    ("metrics-port-ray-metrics", "bad", _spec(metrics={"port": 8080})),
     ("metrics-port-low", "bad", _spec(metrics={"port": 80})),
     ("ray-version", "bad", _spec(ray={"version": "latest"})),
     ("ray-image-space", "bad", _spec(ray={"image": "bad image"})),

@@ -104,8 +104,20 @@ class Journey:
                 return ep
             return None
 
-        return self.kube.wait_until(ready, timeout=timeout, interval=1,
-                                    what=f"EnvPool {self.ns}/{POOL} Ready from the pool server's report")
+        try:
+            return self.kube.wait_until(ready, timeout=timeout, interval=1,
+                                        what=f"EnvPool {self.ns}/{POOL} Ready from the pool server's report")
+        except pytest.fail.Exception as exc:
+            pytest.fail(f"{exc}\n{self.diagnose()}", pytrace=False)
+
+    def diagnose(self) -> str:
+        """What a user would look at: pods, the EnvPool's conditions, the pool server's log."""
+        out = [self.kube.kubectl("get", "pods", "-n", self.ns, "-o", "wide", check=False).stdout,
+               json.dumps(self.epool().get("status", {}), indent=1)[:3000]]
+        for head in self.pods("head"):
+            out.append(self.kube.kubectl("logs", head["metadata"]["name"], "-n", self.ns, "-c", "pool-server",
+                                         "--tail", "40", check=False).stdout)
+        return "\n".join(out)
 
     def server_status(self) -> dict[str, Any]:
         (head,) = self.pods("head")

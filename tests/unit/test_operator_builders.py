@@ -288,6 +288,13 @@ def test_builders_are_deterministic_and_do_not_share_state() -> None:
         builders.build_ray_cluster(_pool(), SETTINGS), sort_keys=True)
 
 
+def test_the_sidecar_sees_the_raylet() -> None:
+    # ray.init() in the pool-server container finds its node by the raylet's process
+    rc = builders.build_ray_cluster(_pool(), SETTINGS)
+    assert _head(rc)["spec"]["shareProcessNamespace"] is True
+    assert "shareProcessNamespace" not in rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+
+
 def test_no_service_links_in_pool_pods() -> None:
     # A Service named e.g. "envpool-config" would otherwise inject ENVPOOL_CONFIG_PORT=tcp://...
     rc = builders.build_ray_cluster(_pool(), SETTINGS)

@@ -25,7 +25,7 @@ def test_minimal_spec_gets_defaults() -> None:
     assert pool.ray.version == "2.60.0"
     assert pool.ray.image == ""
     assert pool.ray.worker.envs_per_worker == 64
-    assert pool.metrics_port == 8080
+    assert pool.metrics_port == 9480
     assert pool.suspend is False
     assert pool.workers == 1
 

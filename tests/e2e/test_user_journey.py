@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,6 +88,7 @@ class Journey:
     def __init__(self, kube: Any, node: RealNode, namespace: str, release: str) -> None:
         self.kube, self.node, self.ns, self.release = kube, node, namespace, release
         self.figures: dict[str, float] = {}
+        self.tmp = Path(tempfile.mkdtemp(prefix="journey-"))
 
     def epool(self) -> dict[str, Any]:
         return self.kube.kubectl_json("get", "envpool", POOL, "-n", self.ns)
@@ -112,8 +115,9 @@ class Journey:
 
     def diagnose(self) -> str:
         """What a user would look at: pods, the EnvPool's conditions, the pool server's log."""
+        ep = self.kube.kubectl_json("get", "envpool", POOL, "-n", self.ns, check=False) or {}
         out = [self.kube.kubectl("get", "pods", "-n", self.ns, "-o", "wide", check=False).stdout,
-               json.dumps(self.epool().get("status", {}), indent=1)[:3000]]
+               json.dumps(ep.get("status", {}), indent=1)[:3000]]
         for head in self.pods("head"):
             out.append(self.kube.kubectl("logs", head["metadata"]["name"], "-n", self.ns, "-c", "pool-server",
                                          "--tail", "40", check=False).stdout)
@@ -208,7 +212,7 @@ def test_1_helm_install_runs_the_operator_as_a_pod(journey: Journey) -> None:
         "tolerations": [dict(t) for t in TOLERATIONS],
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
     }
-    vfile = journey.node.state_dir / f"journey-{journey.ns}-values.yaml"
+    vfile = journey.tmp / "values.yaml"
     vfile.write_text(yaml.safe_dump(values))
     journey.kube.helm("install", journey.release, str(CHART), "-n", journey.ns, "-f", str(vfile),
                       "--wait", "--timeout", "180s")
@@ -265,3 +269,58 @@ def test_3_trainers_attach_and_step_disjoint_actors(journey: Journey) -> None:
     status = journey.kube.wait_until(lambda: (st := journey.server_status())["leasedEnvs"] == 0 and st,
                                      timeout=60, what="every lease returned")
     assert status["readyEnvs"] == 16, status
+
+
+def test_4_kubectl_scale_resizes_the_same_ray_cluster(journey: Journey) -> None:
+    uid = journey.kube.kubectl_json("get", "raycluster", POOL, "-n", journey.ns)["metadata"]["uid"]
+    t0 = time.monotonic()
+    journey.kube.kubectl("scale", f"epool/{POOL}", "-n", journey.ns, "--replicas=24")
+    journey.wait_ready(timeout=180, replicas=24)
+    journey.figures["scale_16_to_24_ready_s"] = time.monotonic() - t0
+    assert journey.server_status()["readyEnvs"] == 24
+    journey.kube.kubectl("scale", f"epool/{POOL}", "-n", journey.ns, "--replicas=16")
+    journey.wait_ready(timeout=180, replicas=16)
+    rc = journey.kube.kubectl_json("get", "raycluster", POOL, "-n", journey.ns)
+    assert rc["metadata"]["uid"] == uid, "kubectl scale must not make a new RayCluster"
+
+
+def test_5_a_deleted_worker_pod_is_replaced_and_the_pool_recovers(journey: Journey) -> None:
+    (worker,) = journey.pods("worker")
+    restarts_before = journey.server_status()["restarts"]
+    t0 = time.monotonic()
+    journey.kube.kubectl("delete", "pod", worker["metadata"]["name"], "-n", journey.ns, "--wait=false")
+
+    def recovered() -> bool:
+        pods = journey.pods("worker")
+        fresh = [p for p in pods if p["metadata"]["name"] != worker["metadata"]["name"]]
+        st = journey.server_status()
+        return bool(fresh) and st["readyEnvs"] == 16 and st["restarts"] > restarts_before
+
+    journey.kube.wait_until(recovered, timeout=300, interval=1, what="a new worker and every env back")
+    journey.figures["worker_pod_deleted_to_envs_back_s"] = time.monotonic() - t0
+    journey.wait_ready(timeout=60)
+
+
+def test_6_uninstall_leaves_nothing_behind(journey: Journey) -> None:
+    journey.kube.helm("uninstall", journey.release, "-n", journey.ns, "--wait")
+    journey.kube.kubectl("delete", "epool", POOL, "-n", journey.ns, "--wait=false")
+
+    left: list[str] = []
+
+    def gone() -> bool:
+        left.clear()
+        for kind in ("pods", "rayclusters", "configmaps", "roles", "rolebindings", "serviceaccounts"):
+            # the trainers' finished Job pods are the user's own, not the pool's or the chart's
+            items = journey.kube.kubectl_json("get", kind, "-n", journey.ns, "-l", "!envpool.dev/trainer")["items"]
+            left.extend(f"{kind}/{i['metadata']['name']}" for i in items
+                        if i["metadata"]["name"] not in ("default", "kube-root-ca.crt"))
+        return not left
+
+    try:
+        journey.kube.wait_until(gone, timeout=180, interval=1, what="every pool and chart object gone")
+    except pytest.fail.Exception as exc:
+        pytest.fail(f"{exc}\nleft: {left}", pytrace=False)
+    # and no Ray process of the pool is left on the node
+    ps = subprocess.run(["pgrep", "-f", f"raylet.*{journey.ns}|gcs_server.*{journey.ns}"],
+                        capture_output=True, text=True)
+    assert ps.stdout.strip() == "", ps.stdout

@@ -271,6 +271,27 @@ def test_3_trainers_attach_and_step_disjoint_actors(journey: Journey) -> None:
     assert status["readyEnvs"] == 16, status
 
 
+def test_3b_a_client_without_the_pools_ray_token_is_refused(journey: Journey) -> None:
+    job = journey.trainer_job("no-token", 100, 8, 3)
+    pod = job["spec"]["template"]["spec"]
+    pod["containers"][0]["env"] = [e for e in pod["containers"][0]["env"]
+                                   if not e["name"].startswith("RAY_AUTH")]
+    job["spec"]["activeDeadlineSeconds"] = 150
+    journey.kube.apply(job)
+
+    def finished() -> dict[str, str] | None:
+        got = journey.kube.kubectl_json("get", "job", "no-token", "-n", journey.ns)
+        conds = {c["type"]: c["status"] for c in got.get("status", {}).get("conditions", [])}
+        return conds if "True" in (conds.get("Complete"), conds.get("Failed")) else None
+
+    conds = journey.kube.wait_until(finished, timeout=240, interval=1, what="the token-less trainer to end")
+    logs = journey.kube.kubectl("logs", "job/no-token", "-n", journey.ns, check=False).stdout
+    assert conds.get("Failed") == "True" and conds.get("Complete") != "True", (conds, logs[-2000:])
+    assert '"steps"' not in logs, logs[-2000:]
+    # the pool is untouched by the refused client
+    assert journey.server_status()["leasedEnvs"] == 0
+
+
 def test_4_kubectl_scale_resizes_the_same_ray_cluster(journey: Journey) -> None:
     uid = journey.kube.kubectl_json("get", "raycluster", POOL, "-n", journey.ns)["metadata"]["uid"]
     t0 = time.monotonic()

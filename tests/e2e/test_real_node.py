@@ -53,6 +53,16 @@ def _logs(kube_cluster: Any, ns: str, name: str) -> str:
     return kube_cluster.kubectl("logs", name, "-n", ns).stdout
 
 
+def _run_json(kube_cluster: Any, real_node: RealNode, ns: str, name: str, script: str) -> dict[str, Any]:
+    """Run a Python script in a pod of the project image; its last stdout line, as JSON."""
+    kube_cluster.apply(real_node.pod(name, ["python", "-c", script], namespace=ns))
+    pod = _wait_phase(kube_cluster, ns, name, {"Succeeded", "Failed"})
+    out = _logs(kube_cluster, ns, name)
+    assert pod["status"]["phase"] == "Succeeded", out
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
 def _restricted(kube_cluster: Any, ns: str) -> None:
     kube_cluster.kubectl(
         "label", "namespace", ns, "--overwrite",
@@ -129,11 +139,7 @@ except OSError as exc:
     out["outside"] = type(exc).__name__
 print(json.dumps(out))
 """
-    kube_cluster.apply(real_node.pod("client", ["python", "-c", client_py], namespace=namespace))
-    pod = _wait_phase(kube_cluster, namespace, "client", {"Succeeded", "Failed"})
-    out = _logs(kube_cluster, namespace, "client")
-    assert pod["status"]["phase"] == "Succeeded", out
-    got = json.loads(out.strip().splitlines()[-1])
+    got = _run_json(kube_cluster, real_node, namespace, "client", client_py)
     assert got["fqdn"] == cluster_ip and got["short"] == cluster_ip, got
     assert got["status"] == 200, got
     assert got["kubernetes"] == "10.96.0.1", got
@@ -212,11 +218,7 @@ for path in ("/home/ray/x", "/tmp/x"):
         out[path] = exc.strerror
 print(json.dumps(out))
 """
-    kube_cluster.apply(real_node.pod("probe", ["python", "-c", probe], namespace=namespace))
-    pod = _wait_phase(kube_cluster, namespace, "probe", {"Succeeded", "Failed"})
-    out = _logs(kube_cluster, namespace, "probe")
-    assert pod["status"]["phase"] == "Succeeded", out
-    got = json.loads(out.strip().splitlines()[-1])
+    got = _run_json(kube_cluster, real_node, namespace, "probe", probe)
     assert got["uid"] == 1000 and got["gid"] == 100, got
     assert int(got["CapEff"], 16) == 0, got           # capabilities: drop ALL
     assert got["NoNewPrivs"] == "1", got              # allowPrivilegeEscalation: false
@@ -256,11 +258,7 @@ except OSError as exc:
 s.connect(("10.96.0.10", 53)); out["dns_service"] = "routable"
 print(json.dumps(out))
 """
-    kube_cluster.apply(real_node.pod("net", ["python", "-c", probe], namespace=namespace))
-    pod = _wait_phase(kube_cluster, namespace, "net", {"Succeeded", "Failed"})
-    out = _logs(kube_cluster, namespace, "net")
-    assert pod["status"]["phase"] == "Succeeded", out
-    got = json.loads(out.strip().splitlines()[-1])
+    got = _run_json(kube_cluster, real_node, namespace, "net", probe)
     destinations = {line.split()[1] for line in got["routes"] if line.strip()}
     assert "00000000" not in destinations, f"a default route in the pod: {got['routes']}"
     assert got["outside"] == "Network is unreachable", got

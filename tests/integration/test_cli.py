@@ -94,19 +94,26 @@ def test_a_runtime_env_ray_rejects_is_a_usage_error(tmp_path: Path) -> None:
         assert "Traceback" not in out.stderr
 
 
-def test_ctrl_c_stops_cleanly() -> None:
-    proc = subprocess.Popen([*ENVPOOL, "run", "--num-envs", "2", "--envs-per-actor", "1",
-                             "--seconds", "120"], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        # stepping has begun: the ready line, or (it was missed once in a full CI run,
-        # and the test then waited out the whole run) the first progress line
-        if "ready in" in line or "steps/s" in line or time.monotonic() > deadline:
-            break
-    time.sleep(1)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
+    # Files, not pipes: Ray's daemons inherit the run's stdio, and in a full suite a
+    # pipe they held open kept communicate() waiting after the run had ended.
+    out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        proc = subprocess.Popen([*ENVPOOL, "run", "--num-envs", "2", "--envs-per-actor", "1",
+                                 "--seconds", "120"], cwd=REPO, text=True, stdout=out, stderr=err)
+    try:
+        deadline = time.monotonic() + 90
+        # stepping has begun: the ready line or the first progress line
+        while not re.search(r"ready in|steps/s", err_path.read_text()):
+            assert proc.poll() is None, err_path.read_text()
+            assert time.monotonic() < deadline, f"never started stepping:\n{err_path.read_text()}"
+            time.sleep(0.2)
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stdout, stderr = out_path.read_text(), err_path.read_text()
+    assert rc == 130, stderr
     assert "done (interrupted)" in stdout

@@ -94,13 +94,22 @@ def test_a_runtime_env_ray_rejects_is_a_usage_error(tmp_path: Path) -> None:
         assert "Traceback" not in out.stderr
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
     # Files, not pipes: Ray's daemons inherit the run's stdio, and in a full suite a
     # pipe they held open kept communicate() waiting after the run had ended.
     out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
     with out_path.open("w") as out, err_path.open("w") as err:
+        # A shell without job control starts background jobs with SIGINT ignored, and
+        # Python keeps an inherited SIG_IGN: a suite started with `&` (as CI may be)
+        # handed that to this child, whose Ctrl-C then did nothing. A terminal's Ctrl-C
+        # reaches a process whose SIGINT is at its default: give the child that.
         proc = subprocess.Popen([*ENVPOOL, "run", "--num-envs", "2", "--envs-per-actor", "1",
-                                 "--seconds", "120"], cwd=REPO, text=True, stdout=out, stderr=err)
+                                 "--seconds", "120"], cwd=REPO, text=True, stdout=out, stderr=err,
+                                preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 90
         # stepping has begun: the ready line or the first progress line

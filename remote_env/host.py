@@ -33,6 +33,7 @@ from gymnasium.vector import AutoresetMode
 
 from remote_env import errors, multi_agent, restarts
 from remote_env._types import Batch, Failure, FailureReason
+from remote_env.spec.fields import DEFAULT_MAX_RESTARTS
 
 EnvFn = Callable[[], Any]
 T = TypeVar("T")
@@ -148,7 +149,7 @@ class SubEnvHost:
         *,
         autoreset_mode: str = AutoresetMode.NEXT_STEP.value,
         restart_failed: bool = False,
-        max_restarts: int = 10,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
         restart_backoff_s: float = 0.0,
         threads: int = 1,
         restart_seeds: Sequence[int | None] | None = None,

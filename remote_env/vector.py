@@ -36,8 +36,8 @@ from remote_env.assembly import Assembler, Results
 from remote_env.attributes import EnvAttributes
 from remote_env.host import EnvFn
 from remote_env.metrics import PoolMetrics
+from remote_env.spec.fields import DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_RESTARTS
 
-DEFAULT_BATCH_WAIT_MS = 2.0
 TRANSPORTS = checks.TRANSPORTS
 _E = TypeVar("_E", bound="RemoteVectorEnv")
 
@@ -113,7 +113,7 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
         copy: bool = True,
         observation_mode: str | tuple[gym.spaces.Space[Any], gym.spaces.Space[Any]] = "same",
         restart_failed_sub_environments: bool = False,
-        max_restarts: int = 10,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
         restart_backoff_s: float = 0.0,
         step_timeout_s: float | None = None,
         start_timeout_s: float = 300.0,

@@ -19,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from remote_env import entrypoints, errors
+from remote_env.spec.fields import FIELDS
 
 
 def add_parser(sub: Any) -> None:
@@ -38,27 +39,35 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--num-envs", type=int, default=16, help="sub-envs in the pool (default %(default)s)")
     p.add_argument("--envs-per-actor", type=int, default=8,
                    help="sub-envs per Ray actor; one call steps them all (default %(default)s)")
-    p.add_argument("--threads-per-actor", type=int, default=1,
+    p.add_argument("--threads-per-actor", type=int, default=_default("threadsPerActor"),
                    help="threads stepping each actor's envs, for envs that block on I/O "
                    "(envs with async astep/areset need none) (default %(default)s)")
     p.add_argument("--transport", choices=("auto", "ray"), default="auto",
                    help="auto: Unix socket to actors on this node, Ray calls to others; "
                    "ray: Ray calls only (default %(default)s)")
-    p.add_argument("--batch-wait-ms", type=float, default=2.0,
+    p.add_argument("--batch-wait-ms", type=float, default=_default("batchWaitMs"),
                    help="how long recv() waits for more ready envs (default %(default)s)")
     p.add_argument("--seconds", type=float, default=30.0, help="how long to run (Ctrl-C stops early)")
     p.add_argument("--seed", type=int, default=0, help="reset seed of env 0 (env i: seed+i)")
     p.add_argument("--num-cpus", type=int, default=2, help="CPUs of the embedded Ray")
     p.add_argument("--no-restart", action="store_true", help="raise on the first env failure")
-    p.add_argument("--max-restarts", type=int, default=1000)
-    p.add_argument("--step-timeout", type=float, default=None, metavar="SECONDS",
-                   help="replace an actor that does not answer within this")
+    p.add_argument("--max-restarts", type=int, default=_default("faultTolerance.maxRestarts"),
+                   help="failures in a row after which an env is given up (default %(default)s)")
+    p.add_argument("--step-timeout", type=float, metavar="SECONDS",
+                   default=_default("faultTolerance.stepTimeoutSeconds"),
+                   help="replace an actor that does not answer within this; 0: wait forever "
+                   "(default %(default)s)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus /metrics on this port (0 = any free port)")
     p.add_argument("--metrics-addr", default="127.0.0.1",
                    help="address for /metrics (default loopback: nothing exposed)")
     p.add_argument("--pool", default="local", help="pool label of the metrics")
     p.set_defaults(fn=run)
+
+
+def _default(field: str) -> object:
+    """An EnvPool field's default: `envpool run` runs a pool as the spec would."""
+    return FIELDS[f"spec.{field}"].default
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -68,10 +77,8 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.seconds <= 0:
         parser.error(f"--seconds must be > 0, got {args.seconds}")
-    if args.step_timeout is not None and args.step_timeout <= 0:
-        parser.error(f"--step-timeout must be > 0 seconds (omit it to wait forever), "
-                     f"got {args.step_timeout}")
     for flag, value in (("--max-restarts", args.max_restarts),
+                        ("--step-timeout", args.step_timeout),
                         ("--batch-wait-ms", args.batch_wait_ms)):
         if value < 0:
             parser.error(f"{flag} must be >= 0, got {value}")
@@ -142,7 +149,7 @@ def _open_envs(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
         envs_per_actor=args.envs_per_actor,
         batch_wait_ms=args.batch_wait_ms,
         restart_failed_sub_environments=not args.no_restart,
-        step_timeout_s=args.step_timeout,
+        step_timeout_s=args.step_timeout or None,  # 0: no hang check, as in the spec
         max_restarts=args.max_restarts,
         threads_per_actor=args.threads_per_actor,
         transport=args.transport,

@@ -68,7 +68,7 @@ def test_bad_input_is_a_usage_error() -> None:
         (["--entrypoint", "remote_env.examples:nope"], "has no attribute 'nope'"),
         (["-f", "/nonexistent/pool.yaml"], "pool.yaml"),
         # checked before Ray starts: a usage error, not a traceback (issue 15)
-        (["--step-timeout", "0"], "--step-timeout must be > 0 seconds"),
+        (["--step-timeout", "-1"], "--step-timeout must be >= 0, got -1.0"),
         (["--max-restarts", "-1"], "--max-restarts must be >= 0, got -1"),
         (["--batch-wait-ms", "-1"], "--batch-wait-ms must be >= 0, got -1.0"),
     ]:
@@ -76,6 +76,22 @@ def test_bad_input_is_a_usage_error() -> None:
         assert out.returncode == 2, (args, out.stderr)
         assert msg in out.stderr, (args, out.stderr)
         assert "Traceback" not in out.stderr, (args, out.stderr)
+
+
+def test_run_defaults_are_the_envpool_specs() -> None:
+    # `envpool run --env X` and `envpool run -f pool.yaml` must run a pool alike
+    import argparse
+
+    from remote_env import spec
+    from remote_env.cli import run
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    run.add_parser(sub)
+    args = sub.choices["run"].parse_args([])
+    model = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 1}, name="x")
+    ft = model.fault_tolerance
+    assert (args.max_restarts, args.step_timeout, args.batch_wait_ms, args.threads_per_actor) \
+        == (ft.max_restarts, ft.step_timeout_seconds, model.batch_wait_ms, model.threads_per_actor)
 
 
 def test_a_runtime_env_ray_rejects_is_a_usage_error(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -117,20 +116,6 @@ def remote_host() -> Any:
 
         _HOST_CLS = ray.remote(SubEnvHost)
     return _HOST_CLS
-
-
-def ensure_ray(address: str | None) -> Any:
-    import ray
-
-    if not ray.is_initialized():
-        # RAY_ADDRESS (set in Ray pods) wins; else a fresh local Ray, not the cluster that
-        # ray.init() would find through /tmp/ray/ray_current_cluster
-        address = address or os.environ.get("RAY_ADDRESS") or "local"
-        if address == "local":
-            ray.init(address="local", include_dashboard=False)
-        else:
-            ray.init(address=address)
-    return ray
 
 
 def describe_existing(handle: Any) -> dict[str, Any] | None:

@@ -31,7 +31,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from remote_env import actor_set as _actors
-from remote_env import checks, errors
+from remote_env import checks, errors, ray_connect
 from remote_env.assembly import Assembler, Results
 from remote_env.attributes import EnvAttributes
 from remote_env.host import EnvFn
@@ -159,7 +159,7 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
         self._replacer = actor_replacer
         self._executor = None
         self.metrics = metrics if metrics is not None else PoolMetrics(registry, pool)
-        self._ray = _actors.ensure_ray(address)
+        self._ray = ray_connect.connect(address)
         self.transport = transport
         self._node_id = (
             self._ray.get_runtime_context().get_node_id() if transport == "auto" else None
@@ -228,7 +228,7 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
         cannot rebuild it. Other keywords are :class:`RemoteVectorEnv`'s.
         """
         if sizes is None:
-            ray = _actors.ensure_ray(kwargs.get("address"))
+            ray = ray_connect.connect(kwargs.get("address"))
             sizes = [int(d["num_envs"]) for d in ray.get([a.describe.remote() for a in actors])]
         return cls([_actors.NotOurs()] * sum(sizes), existing_actors=actors, **kwargs)
 

@@ -18,7 +18,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from remote_env import entrypoints, errors
+from remote_env import entrypoints, errors, ray_connect
 from remote_env.spec.fields import FIELDS
 
 
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(ray.shutdown)  # also stops a Ray interrupted while starting
         try:
-            ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False)
+            ray_connect.connect("local", num_cpus=args.num_cpus)
             envs = _open_pool(args, cleanup) if args.file else _open_envs(args, cleanup)
             return _drive(envs, args)
         except KeyboardInterrupt:

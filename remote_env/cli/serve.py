@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from remote_env import kubeconfig, restarts
+from remote_env import kubeconfig, ray_connect, restarts
 from remote_env import spec as spec_mod
 from remote_env.pool import actors, spec_source
 
@@ -78,14 +78,13 @@ def _http_addr(args: argparse.Namespace) -> str:
     return kubeconfig.default_bind_address()
 
 
-def _connect(ray: Any, address: str, namespace: str, timeout: float) -> bool:
+def _connect(address: str, namespace: str, timeout: float) -> bool:
     """``ray.init`` once the cluster answers: in a head pod the sidecar starts with the
     Ray head, whose GCS takes seconds to come up (a crash there was a restart per pool)."""
     deadline = time.monotonic() + timeout
     for attempt in itertools.count():
         try:
-            # log_to_driver=False made every actor call ~7x slower here (Ray 2.60): keep the default
-            ray.init(address=address, namespace=namespace)
+            ray_connect.connect(address, namespace=namespace)
             return True
         except ConnectionError as exc:
             left = deadline - time.monotonic()
@@ -121,7 +120,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     namespace = args.ray_namespace or spec.ray_namespace
-    if not _connect(ray, address, namespace, args.connect_timeout):
+    if not _connect(address, namespace, args.connect_timeout):
         print(f"envpool serve: no Ray cluster at {address} after {args.connect_timeout:.0f}s",
               file=sys.stderr)
         return 1

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from remote_env import errors
+from remote_env import errors, ray_connect
 from remote_env import spec as spec_mod
 from remote_env.pool import registry as pool_registry
 from remote_env.vector import RemoteVectorEnv
@@ -245,16 +245,12 @@ def attach(
         PoolNotFoundError: no pool ``name`` on this Ray cluster.
         pool_registry.LeaseError: not enough free envs within ``wait_s``.
     """
-    import ray
-
     for key in _POOL_OWNED:
         if key in kwargs:
             raise TypeError(f"attach() does not take {key!r}: the pool's actors are used as-is")
     if lease_timeout_s <= 0:
         raise ValueError(f"lease_timeout_s must be > 0, got {lease_timeout_s}")
-    if not ray.is_initialized():
-        # log_to_driver=False made every actor call ~7x slower here (Ray 2.60)
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto")
+    ray_connect.connect(address, default="auto")  # the local Ray / in-cluster head
     ns = namespace or spec_mod.ray_namespace(name)
     # a trainer started with its pool (a Job beside `kubectl apply`) waits for it too
     deadline = time.monotonic() + wait_s

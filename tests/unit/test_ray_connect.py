@@ -1,0 +1,47 @@
+"""Which Ray `ray_connect.connect` joins: the argument, then $RAY_ADDRESS, then the default.
+
+`ray.init` is recorded, not run (the integration tests start real Rays through it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import ray
+
+from remote_env import ray_connect
+
+
+@pytest.fixture
+def inits(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return calls
+
+
+def test_default_is_a_fresh_local_ray_without_dashboard(inits: list[dict[str, Any]]) -> None:
+    ray_connect.connect(num_cpus=2)
+    assert inits == [{"address": "local", "include_dashboard": False, "num_cpus": 2}]
+
+
+def test_ray_address_wins_over_the_default(inits: list[dict[str, Any]],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    ray_connect.connect(default="auto")
+    assert inits == [{"address": "ray://head:10001"}]
+
+
+def test_an_explicit_address_wins_over_ray_address(inits: list[dict[str, Any]],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    ray_connect.connect("local", namespace="ns")
+    assert inits == [{"address": "local", "include_dashboard": False, "namespace": "ns"}]
+
+
+def test_a_connected_ray_is_kept(inits: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    assert ray_connect.connect("ray://elsewhere:10001") is ray
+    assert inits == []

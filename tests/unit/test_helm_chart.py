@@ -7,6 +7,7 @@ Needs the helm binary (tests/cluster/build.sh builds it; or $HELM / PATH), no cl
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -236,6 +237,21 @@ def test_operator_deployment_is_restricted_and_wired(helm: str) -> None:
     assert isinstance(docs, list)
     assert by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["image"] \
         == "ghcr.io/envpool-dev/envpool:0.1.0"
+
+
+def test_chart_defaults_are_the_operators_defaults(helm: str) -> None:
+    # The operator's settings are its defaults everywhere else (`envpool operator`, the
+    # docs): the chart must not run it differently unless a user sets a value.
+    from envpool_operator import settings
+
+    dep = by_kind(render(helm), "Deployment")[0]
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    passed = {k: v for k, v in env.items() if k.startswith("ENVPOOL_") and k != "ENVPOOL_IMAGE"}
+    assert {"ENVPOOL_RESYNC_SECONDS", "ENVPOOL_MAX_WORKERS_PER_POOL",
+            "ENVPOOL_IMAGE_PULL_POLICY"} <= passed.keys()
+    from_chart = settings.from_env(passed)
+    assert dataclasses.replace(from_chart, image=settings.Settings.image) == settings.Settings()
 
 
 def test_default_image_is_the_operators_default(helm: str) -> None:

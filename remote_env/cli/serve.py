@@ -21,16 +21,14 @@ Wiring (``remote_env/cli/__init__.py``)::
 from __future__ import annotations
 
 import argparse
-import itertools
 import logging
 import os
 import signal
 import sys
 import threading
-import time
 from typing import Any
 
-from remote_env import kubeconfig, ray_connect, restarts
+from remote_env import kubeconfig, ray_connect
 from remote_env import spec as spec_mod
 from remote_env.pool import actors, spec_source
 
@@ -78,25 +76,6 @@ def _http_addr(args: argparse.Namespace) -> str:
     return kubeconfig.default_bind_address()
 
 
-def _connect(address: str, namespace: str, timeout: float) -> bool:
-    """``ray.init`` once the cluster answers: in a head pod the sidecar starts with the
-    Ray head, whose GCS takes seconds to come up (a crash there was a restart per pool)."""
-    deadline = time.monotonic() + timeout
-    for attempt in itertools.count():
-        try:
-            ray_connect.connect(address, namespace=namespace)
-            return True
-        except ConnectionError as exc:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                log.error("Ray at %s: %s", address, exc)
-                return False
-            wait = min(restarts.backoff(0.5, attempt, 5.0), left)
-            log.info("waiting for the Ray cluster at %s (%s); retry in %.1fs", address, exc, wait)
-            time.sleep(wait)
-    return False
-
-
 def serve(args: argparse.Namespace) -> int:
     """Run the pool server until SIGTERM/SIGINT; returns the exit code."""
     import ray
@@ -120,7 +99,12 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     namespace = args.ray_namespace or spec.ray_namespace
-    if not _connect(address, namespace, args.connect_timeout):
+    try:
+        # in a head pod the sidecar starts with the Ray head, whose GCS takes seconds
+        # to come up (a crash there was a restart per pool)
+        ray_connect.connect(address, namespace=namespace, wait_s=args.connect_timeout)
+    except ConnectionError as exc:
+        log.error("Ray at %s: %s", address, exc)
         print(f"envpool serve: no Ray cluster at {address} after {args.connect_timeout:.0f}s",
               file=sys.stderr)
         return 1

@@ -250,7 +250,8 @@ def attach(
             raise TypeError(f"attach() does not take {key!r}: the pool's actors are used as-is")
     if lease_timeout_s <= 0:
         raise ValueError(f"lease_timeout_s must be > 0, got {lease_timeout_s}")
-    ray_connect.connect(address, default="auto")  # the local Ray / in-cluster head
+    # the local Ray / in-cluster head; a head still starting is waited for like the pool
+    ray_connect.connect(address, default="auto", wait_s=wait_s)
     ns = namespace or spec_mod.ray_namespace(name)
     # a trainer started with its pool (a Job beside `kubectl apply`) waits for it too
     deadline = time.monotonic() + wait_s

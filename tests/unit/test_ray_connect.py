@@ -45,3 +45,28 @@ def test_a_connected_ray_is_kept(inits: list[dict[str, Any]], monkeypatch: pytes
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     assert ray_connect.connect("ray://elsewhere:10001") is ray
     assert inits == []
+
+
+def test_wait_s_retries_a_cluster_that_does_not_answer_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    tries: list[str] = []
+
+    def init(**kw: Any) -> None:
+        tries.append(kw["address"])
+        if len(tries) < 3:
+            raise ConnectionAbortedError("Starting Ray client server failed")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray_connect.time, "sleep", lambda s: None)
+    ray_connect.connect("ray://head:10001", wait_s=60)
+    assert tries == ["ray://head:10001"] * 3
+
+
+def test_without_wait_s_the_first_refusal_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    def init(**kw: Any) -> None:
+        raise ConnectionError("no GCS at head:6379")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(ConnectionError, match="no GCS"):
+        ray_connect.connect("head:6379")

@@ -14,9 +14,12 @@ One module-scoped pool: the steps build on each other, as a user's would.
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import secrets
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,6 +28,16 @@ from typing import Any
 
 import pytest
 import yaml
+from journey_kit import (
+    STEPPING_TRAINER,
+    TRAINER_METRICS_PORT,
+    MonitorDiscovery,
+    alert_rules_without_for,
+    dashboard_queries,
+    last_json,
+    peak_rss_bytes,
+    steps_per_s,
+)
 from real_node import NODE_SELECTOR, RESTRICTED_CONTAINER, RESTRICTED_POD, TOLERATIONS, RealNode
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -34,9 +47,13 @@ CHART = REPO / "helm" / "envpool-operator"
 EXAMPLE = REPO / "manifests" / "examples" / "cartpole.yaml"
 POOL = "cartpole"
 #: A Ray head (GCS, dashboard, client server) plus the pool server, and one worker
-#: with 2 actors of 8 CartPole envs: what fits beside the test suite on 2 cores.
+#: pod per actor of 8 CartPole envs (envsPerWorker 8): a lost worker costs a trainer
+#: the envs of one actor while the other keeps stepping. What fits beside the test
+#: suite on 2 cores (up to 3 workers when scaled to 24).
 HEAD_RESOURCES = {"requests": {"cpu": "200m", "memory": "1Gi"}, "limits": {"memory": "3Gi"}}
-WORKER_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "3Gi"}}
+WORKER_RESOURCES = {"requests": {"cpu": "250m", "memory": "768Mi"}, "limits": {"memory": "3Gi"}}
+#: faultTolerance.stepTimeoutSeconds of the journey's pool: no step waits longer.
+STEP_TIMEOUT_S = 10
 
 TRAINER = r"""
 import json, os, sys, time
@@ -80,13 +97,14 @@ def _example(namespace: str) -> dict[str, Any]:
     doc["metadata"]["namespace"] = namespace
     ray = doc["spec"].setdefault("ray", {})
     ray["head"] = _placed({"resources": HEAD_RESOURCES})
-    ray["worker"] = _placed({"resources": WORKER_RESOURCES})
+    ray["worker"] = _placed({"resources": WORKER_RESOURCES, "envsPerWorker": 8})
+    doc["spec"]["faultTolerance"] = {"stepTimeoutSeconds": STEP_TIMEOUT_S}
     return doc
 
 
 class Journey:
-    def __init__(self, kube: Any, node: RealNode, namespace: str, release: str) -> None:
-        self.kube, self.node, self.ns, self.release = kube, node, namespace, release
+    def __init__(self, kube: Any, node: RealNode, namespace: str, release: str, prom: Any) -> None:
+        self.kube, self.node, self.ns, self.release, self.prom = kube, node, namespace, release, prom
         self.figures: dict[str, float] = {}
         self.tmp = Path(tempfile.mkdtemp(prefix="journey-"))
 
@@ -123,21 +141,45 @@ class Journey:
                                          "--tail", "40", check=False).stdout)
         return "\n".join(out)
 
+    def client_server_logs(self) -> str:
+        """The head's Ray client server logs (a trainer's Ray client connection ends there)."""
+        out = []
+        for head in self.pods("head"):
+            out.append(self.kube.kubectl(
+                "exec", head["metadata"]["name"], "-n", self.ns, "-c", "ray-head", "--", "sh", "-c",
+                "tail -n 25 /tmp/ray/session_latest/logs/ray_client_server*.err", check=False).stdout)
+        return "\n".join(out)
+
     def server_status(self) -> dict[str, Any]:
         (head,) = self.pods("head")
         port = self.epool()["spec"]["metrics"]["port"]
         out = self.kube.kubectl(
             "exec", head["metadata"]["name"], "-n", self.ns, "-c", "pool-server", "--", "python", "-c",
-            f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/status').read().decode())",
+            # detail=1 (actor ids, leases): answered to loopback, as here inside the pod
+            f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/status?detail=1').read().decode())",
         ).stdout
         return json.loads(out)
 
     def trainer_job(self, name: str, steps: int, num_envs: int, seed: int) -> dict[str, Any]:
+        """A Job stepping ``steps`` env steps with ``step()`` (TRAINER) and printing a summary."""
+        return self._job(name, ["python", "-c", TRAINER, str(steps), str(num_envs), str(seed)])
+
+    def stepping_job(self, name: str, num_envs: int) -> dict[str, Any]:
+        """A Job stepping with send/recv until /tmp/stop, with /metrics (STEPPING_TRAINER)."""
+        job = self._job(name, ["python", "-c", STEPPING_TRAINER, POOL, str(num_envs), str(STEP_TIMEOUT_S)])
+        (c,) = job["spec"]["template"]["spec"]["containers"]
+        c["env"] += [{"name": "METRICS_PORT", "value": str(TRAINER_METRICS_PORT)},
+                     {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                     {"name": "PYTHONUNBUFFERED", "value": "1"}]
+        c["ports"] = [{"name": "metrics", "containerPort": TRAINER_METRICS_PORT}]
+        return job
+
+    def _job(self, name: str, command: list[str]) -> dict[str, Any]:
         container = {
             "name": "trainer",
             "image": self.node.image,
             "imagePullPolicy": "Never",
-            "command": ["python", "-c", TRAINER, str(steps), str(num_envs), str(seed)],
+            "command": command,
             "env": [{"name": "TRAINER", "value": name}, {"name": "HOME", "value": "/tmp"},
                     {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
                     # the pool's Ray token (KubeRay's Secret <pool>, README "Security")
@@ -154,7 +196,8 @@ class Journey:
             "spec": {
                 "backoffLimit": 0,
                 "template": {
-                    "metadata": {"labels": {"app": name, "envpool.dev/trainer": "true"}},
+                    # the label the pool's NetworkPolicy admits (README "Network")
+                    "metadata": {"labels": {"app": name, "envpool.dev/trainer": POOL}},
                     "spec": {
                         "restartPolicy": "Never",
                         "enableServiceLinks": False,
@@ -169,7 +212,35 @@ class Journey:
             },
         }
 
-    def job_result(self, name: str, timeout: float) -> dict[str, Any]:
+    def job_pod(self, name: str) -> str:
+        pods = self.kube.kubectl_json("get", "pods", "-n", self.ns, "-l", f"job-name={name}")["items"]
+        assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+        return str(pods[0]["metadata"]["name"])
+
+    def logs(self, name: str) -> str:
+        return str(self.kube.kubectl("logs", f"job/{name}", "-n", self.ns, check=False).stdout)
+
+    def progress(self, name: str) -> int:
+        """Steps a stepping trainer has answered so far (its last progress line)."""
+        last = last_json(self.logs(name), "steps")
+        return int(last["steps"]) if last else 0
+
+    def wait_stepping(self, name: str, more_than: int = 0, timeout: float = 240) -> int:
+        def stepping() -> int | None:
+            logs = self.logs(name)
+            if (end := last_json(logs, "done")) is not None:
+                pytest.fail(f"trainer {name} ended early: {end}\n{logs[-3000:]}", pytrace=False)
+            return steps if (steps := self.progress(name)) > more_than else None
+
+        return int(self.kube.wait_until(stepping, timeout=timeout, interval=1,
+                                        what=f"trainer {name} stepping past {more_than} steps"))
+
+    def stop_stepping(self, name: str, timeout: float = 120) -> dict[str, Any]:
+        self.kube.kubectl("exec", self.job_pod(name), "-n", self.ns, "--", "python", "-c",
+                          "open('/tmp/stop', 'w').close()")
+        return self.job_result(name, timeout=timeout, key="done")
+
+    def job_result(self, name: str, timeout: float, key: str = "steps") -> dict[str, Any]:
         def done() -> dict[str, Any] | None:
             job = self.kube.kubectl_json("get", "job", name, "-n", self.ns)
             conds = {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
@@ -178,12 +249,26 @@ class Journey:
         job = self.kube.wait_until(done, timeout=timeout, interval=1, what=f"trainer Job {name}")
         logs = self.kube.kubectl("logs", f"job/{name}", "-n", self.ns, check=False).stdout
         conds = {c["type"]: c["status"] for c in job["status"].get("conditions", [])}
-        assert conds.get("Complete") == "True", f"trainer {name} failed:\n{logs[-4000:]}"
-        return json.loads(logs.strip().splitlines()[-1])
+        assert conds.get("Complete") == "True", f"trainer {name} failed:\n{logs[-4000:]}\n{self.client_server_logs()}"
+        result = last_json(logs, key)
+        assert result is not None, logs[-4000:]
+        return result
+
+
+def _prometheus(prometheus: Any, discovery: MonitorDiscovery, tmp: Path) -> Any:
+    """A real Prometheus on this machine scraping the journey's pods over the pod network,
+    finding them as the chart's ServiceMonitor/PodMonitor would, with the alert rules."""
+    prom = prometheus(targets=[], scrape_interval="2s")
+    cfg = json.loads(prom.config_path.read_text())
+    cfg["scrape_configs"] = discovery.scrape_configs()
+    cfg["rule_files"] = [str(alert_rules_without_for(tmp / "alerts.yaml"))]
+    prom.config_path.write_text(json.dumps(cfg))
+    prom.reload()
+    return prom
 
 
 @pytest.fixture(scope="module")
-def journey(kube_cluster: Any, real_node: RealNode) -> Iterator[Journey]:
+def journey(kube_cluster: Any, real_node: RealNode, prometheus: Any) -> Iterator[Journey]:
     ns = f"journey-{secrets.token_hex(3)}"
     release = "envpool-operator"
     kube_cluster.kubectl("create", "namespace", ns)
@@ -193,12 +278,18 @@ def journey(kube_cluster: Any, real_node: RealNode) -> Iterator[Journey]:
         timeout=30, what="default ServiceAccount")
     # the CRD of this checkout (helm install keeps an existing CRD as it is)
     kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crd"))
-    j = Journey(kube_cluster, real_node, ns, release)
+    tmp = Path(tempfile.mkdtemp(prefix="journey-prom-"))
+    discovery = MonitorDiscovery(kube_cluster, ns, tmp).start()
+    j = Journey(kube_cluster, real_node, ns, release, _prometheus(prometheus, discovery, tmp))
     try:
         yield j
     finally:
-        kube_cluster.helm("uninstall", release, "-n", ns, "--wait", check=False)
-        kube_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        discovery.stop()
+        if os.environ.get("ENVPOOL_JOURNEY_KEEP") == "1":  # to look at what a failed run left
+            print(f"\n[journey] ENVPOOL_JOURNEY_KEEP=1: namespace {ns} and release {release} kept")
+        else:
+            kube_cluster.helm("uninstall", release, "-n", ns, "--wait", check=False)
+            kube_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         for k, v in j.figures.items():
             real_node.record(f"journey_{k}", v)
 
@@ -292,6 +383,36 @@ def test_3b_a_client_without_the_pools_ray_token_is_refused(journey: Journey) ->
     assert journey.server_status()["leasedEnvs"] == 0
 
 
+def test_3c_a_trainer_outside_the_cluster_over_kubectl_port_forward(journey: Journey) -> None:
+    """From this machine, as from a laptop: `kubectl port-forward` to the head's Ray
+    client port, the pool's token from its Secret, the same Ray and Python minor."""
+    secret = journey.kube.kubectl_json("get", "secret", POOL, "-n", journey.ns)
+    token = base64.b64decode(secret["data"]["auth_token"]).decode()
+    kube = journey.kube
+    forward = subprocess.Popen(
+        [str(kube.kubectl_path), "--kubeconfig", str(kube.kubeconfig), "port-forward", "-n", journey.ns,
+         f"svc/{POOL}-head-svc", ":10001"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:<port> -> 10001"
+        port = line.split("127.0.0.1:", 1)[1].split()[0] if "127.0.0.1:" in line else None
+        assert port, line
+        script = TRAINER.replace("ray://cartpole-head-svc:10001", f"ray://127.0.0.1:{port}")
+        env = {k: v for k, v in kube.env.items() if not k.startswith("RAY_")}
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, TRAINER="outside", RAY_USAGE_STATS_ENABLED="0")
+        out = subprocess.run([sys.executable, "-c", script, "3000", "8", "4"], capture_output=True, text=True,
+                             timeout=300, env=env)
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
+    assert out.returncode == 0, out.stderr[-4000:]
+    got = last_json(out.stdout, "steps")
+    assert got is not None and got["steps"] >= 3000 and got["errors"] == 0, (got, out.stderr[-2000:])
+    journey.figures["outside_trainer_steps_per_s"] = got["steps_per_s"]
+    journey.kube.wait_until(lambda: journey.server_status()["leasedEnvs"] == 0, timeout=60,
+                            what="the outside trainer's lease returned")
+
+
 def test_4_kubectl_scale_resizes_the_same_ray_cluster(journey: Journey) -> None:
     uid = journey.kube.kubectl_json("get", "raycluster", POOL, "-n", journey.ns)["metadata"]["uid"]
     t0 = time.monotonic()
@@ -303,26 +424,222 @@ def test_4_kubectl_scale_resizes_the_same_ray_cluster(journey: Journey) -> None:
     journey.wait_ready(timeout=180, replicas=16)
     rc = journey.kube.kubectl_json("get", "raycluster", POOL, "-n", journey.ns)
     assert rc["metadata"]["uid"] == uid, "kubectl scale must not make a new RayCluster"
+    # the worker pods follow: one per actor again
+    journey.kube.wait_until(lambda: len(journey.pods("worker")) == 2, timeout=180, interval=2,
+                            what="worker pods back to 2 after the scale down")
 
 
-def test_5_a_deleted_worker_pod_is_replaced_and_the_pool_recovers(journey: Journey) -> None:
-    (worker,) = journey.pods("worker")
+def _kill_pool_server(journey: Journey, head: str) -> None:
+    """SIGKILL the pool server's process in its container (the head pod shares its
+    process namespace: find it by its command line, not as PID 1)."""
+    code = ("import os, signal\n"
+            "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+            "    try: cmd = open(f'/proc/{p}/cmdline', 'rb').read()\n"
+            "    except OSError: continue\n"
+            "    if b'\\0serve\\0--config\\0' in cmd and int(p) != os.getpid(): os.kill(int(p), signal.SIGKILL)\n")
+    journey.kube.kubectl("exec", head, "-n", journey.ns, "-c", "pool-server", "--", "python", "-c", code,
+                         check=False)
+
+
+def _restart_count(pod: dict[str, Any], container: str) -> int:
+    return next(int(c["restartCount"]) for c in pod["status"]["containerStatuses"] if c["name"] == container)
+
+
+def test_5a_faults_on_real_pods_while_a_trainer_steps(journey: Journey) -> None:
+    """A trainer steps every env (send/recv) through three faults: a worker pod deleted,
+    the pool-server container killed, the operator pod deleted mid-reconcile."""
+    journey.kube.apply(journey.stepping_job("stepper", 16))
+    steps = journey.wait_stepping("stepper")
+
+    # 1. a worker pod deleted: its actor is replaced on the new worker, the other keeps stepping
+    workers = journey.pods("worker")
+    assert len(workers) == 2, [w["metadata"]["name"] for w in workers]  # one actor each
+    victim = workers[0]["metadata"]["name"]
     restarts_before = journey.server_status()["restarts"]
     t0 = time.monotonic()
-    journey.kube.kubectl("delete", "pod", worker["metadata"]["name"], "-n", journey.ns, "--wait=false")
+    journey.kube.kubectl("delete", "pod", victim, "-n", journey.ns, "--wait=false")
 
     def recovered() -> bool:
-        pods = journey.pods("worker")
-        fresh = [p for p in pods if p["metadata"]["name"] != worker["metadata"]["name"]]
+        fresh = [p for p in journey.pods("worker") if p["metadata"]["name"] != victim]
         st = journey.server_status()
-        return bool(fresh) and st["readyEnvs"] == 16 and st["restarts"] > restarts_before
+        return len(fresh) == 2 and st["readyEnvs"] == 16 and st["restarts"] > restarts_before
 
     journey.kube.wait_until(recovered, timeout=300, interval=1, what="a new worker and every env back")
     journey.figures["worker_pod_deleted_to_envs_back_s"] = time.monotonic() - t0
+    steps = journey.wait_stepping("stepper", more_than=steps)
+
+    # 2. the pool-server container killed: it restarts and re-adopts the same actors
+    before = journey.server_status()
+    actors = {s["slot"]: s["actorId"] for s in before["slots"]}
+    (head,) = journey.pods("head")
+    count = _restart_count(head, "pool-server")
+    t0 = time.monotonic()
+    _kill_pool_server(journey, head["metadata"]["name"])
+
+    def readopted() -> dict[str, Any] | None:
+        (pod,) = journey.pods("head")
+        if _restart_count(pod, "pool-server") <= count:
+            return None
+        try:
+            st = journey.server_status()
+        except (pytest.fail.Exception, ValueError):  # the new server is not listening yet
+            return None
+        return st if st["readyEnvs"] == 16 else None
+
+    after = journey.kube.wait_until(readopted, timeout=180, interval=1, what="the pool server back with its actors")
+    journey.figures["pool_server_killed_to_readopted_s"] = time.monotonic() - t0
+    assert {s["slot"]: s["actorId"] for s in after["slots"]} == actors, "re-adopted, not re-created"
+    assert after["restarts"] == before["restarts"] and after["leasedEnvs"] == 16, after
+    journey.wait_ready(timeout=120)
+    steps = journey.wait_stepping("stepper", more_than=steps)
+
+    # 3. the operator pod deleted right after a scale: the new one converges, no duplicates
+    rc_uid = journey.kube.kubectl_json("get", "raycluster", POOL, "-n", journey.ns)["metadata"]["uid"]
+    (op,) = [p for p in journey.kube.kubectl_json(
+        "get", "pods", "-n", journey.ns, "-l", "app.kubernetes.io/name=envpool-operator")["items"]
+        if "helm.sh/hook" not in p["metadata"].get("annotations", {})]
+    t0 = time.monotonic()
+    journey.kube.kubectl("scale", f"epool/{POOL}", "-n", journey.ns, "--replicas=24")
+    journey.kube.kubectl("delete", "pod", op["metadata"]["name"], "-n", journey.ns, "--wait=false")
+    journey.wait_ready(timeout=300, replicas=24)
+    journey.figures["operator_deleted_mid_scale_to_ready_s"] = time.monotonic() - t0
+    rcs = journey.kube.kubectl_json("get", "rayclusters", "-n", journey.ns)["items"]
+    assert [(r["metadata"]["name"], r["metadata"]["uid"]) for r in rcs] == [(POOL, rc_uid)]
+    cms = journey.kube.kubectl_json("get", "configmaps", "-n", journey.ns, "-l", f"envpool.dev/pool={POOL}")
+    assert len(cms["items"]) == 1, [c["metadata"]["name"] for c in cms["items"]]
+    assert len(journey.pods("worker")) == 3
+    # scaling down frees the new, un-leased actor: the trainer's 16 envs are untouched
+    journey.kube.kubectl("scale", f"epool/{POOL}", "-n", journey.ns, "--replicas=16")
+    journey.wait_ready(timeout=180, replicas=16)
+    assert journey.server_status()["leasedEnvs"] == 16
+    journey.wait_stepping("stepper", more_than=journey.progress("stepper"))
+
+
+def test_5b_metrics_from_the_real_pods_fill_every_panel(journey: Journey) -> None:
+    """Prometheus found the operator, pool-server and trainer pods itself and scraped
+    them over the pod network; the worker fault moved the failure and restart counters."""
+    prom, ns = journey.prom, journey.ns
+    journey.kube.wait_until(
+        lambda: {t["labels"]["job"] for t in prom.targets() if t["health"] == "up"}
+        >= {"envpool-operator", "envpool-pool-server", "envpool-trainer"},
+        timeout=90, interval=2, what="the three jobs' targets up")
+    for expr in (f'sum(envpool_actor_restarts_total{{namespace="{ns}", pool="{POOL}"}}) >= 1',
+                 f'sum(envpool_env_failures_total{{namespace="{ns}", pool="{POOL}"}}) >= 1'):
+        journey.kube.wait_until(lambda e=expr: prom.query(e), timeout=60, interval=2, what=expr)
+    queries = dashboard_queries()
+    results: dict[int, list[dict[str, Any]]] = {}
+    deadline = time.monotonic() + 90
+    while len(results) < len(queries) and time.monotonic() < deadline:
+        for i, (_, expr) in enumerate(queries):
+            if i not in results and (got := prom.query(expr)):
+                results[i] = got
+        time.sleep(2)
+    empty = [f"{title!r}: {expr}" for i, (title, expr) in enumerate(queries) if i not in results]
+    assert not empty, "panels without data from the real pods:\n" + "\n".join(empty)
+    pools = {s["metric"]["pool"] for got in results.values() for s in got if "pool" in s["metric"]}
+    assert pools == {POOL}, pools
+
+
+def test_5c_the_trainer_got_an_answer_for_every_step(journey: Journey) -> None:
+    result = journey.stop_stepping("stepper")
+    journey.figures["stepper_steps"] = result["steps"]
+    journey.figures["stepper_slowest_recv_s"] = result["slowest_recv_s"]
+    assert result["done"] and result["unanswered"] == 0, result
+    # the lost worker's in-flight steps came back as truncated steps with an error
+    assert result["errors"] >= 1 and result["untruncated_errors"] == 0, result
+    assert result["slowest_recv_s"] < STEP_TIMEOUT_S, result
     journey.wait_ready(timeout=60)
+    journey.kube.wait_until(lambda: journey.server_status()["leasedEnvs"] == 0, timeout=60,
+                            what="the stepper's lease returned")
 
 
-def test_6_uninstall_leaves_nothing_behind(journey: Journey) -> None:
+def _new_head_with_every_env(journey: Journey, old_head_uid: str, envs: int = 16) -> dict[str, Any] | None:
+    """The pool server's /status once a head pod other than ``old_head_uid`` has ``envs``
+    ready (the EnvPool's status may still show the old head's last report)."""
+    pods = journey.pods("head")
+    if len(pods) != 1 or pods[0]["metadata"]["uid"] == old_head_uid:
+        return None
+    try:
+        st = journey.server_status()
+    except (pytest.fail.Exception, ValueError, KeyError):  # not serving yet
+        return None
+    return st if st["readyEnvs"] == envs else None
+
+
+def test_6_an_env_failing_every_step_fires_the_failure_alert(journey: Journey) -> None:
+    """The pool re-specced to an env that raises on every step (a new env is new Ray
+    pods: the operator's cluster hash covers spec.env); its trainer's steps come back
+    as errors, and the failure-rate alert fires on the scraped series. The pool keeps
+    the flaky env for the rest of the journey."""
+    prom, ns = journey.prom, journey.ns
+    (head,) = journey.pods("head")
+    flaky = {"spec": {"env": {"id": None, "entrypoint": "remote_env.examples:make_flaky_cartpole",
+                              "kwargs": {"fail_every": 1}},
+                      "faultTolerance": {"maxRestarts": 1_000_000, "restartBackoffSeconds": 0}}}
+    t0 = time.monotonic()
+    journey.kube.kubectl("patch", "epool", POOL, "-n", ns, "--type=merge", "-p", json.dumps(flaky))
+    journey.kube.wait_until(lambda: _new_head_with_every_env(journey, head["metadata"]["uid"]),
+                            timeout=420, interval=2, what="new Ray pods running the flaky env")
+    journey.wait_ready(timeout=120)
+    journey.figures["env_changed_to_ready_s"] = time.monotonic() - t0
+    journey.kube.apply(journey.stepping_job("flaky", 8))
+    journey.wait_stepping("flaky")
+
+    def firing() -> list[dict[str, Any]]:
+        return [a for a in prom.api("alerts")["alerts"] if a["labels"].get("alertname") == "EnvPoolEnvFailureRateHigh"
+                and a["labels"].get("pool") == POOL and a["state"] == "firing"]
+
+    try:
+        journey.kube.wait_until(firing, timeout=120, interval=2, what="EnvPoolEnvFailureRateHigh firing")
+    finally:
+        result = journey.stop_stepping("flaky")
+    assert result["errors"] > 0 and result["untruncated_errors"] == 0 and result["unanswered"] == 0, result
+    assert "injected failure" in result["last_error"], result
+    journey.wait_ready(timeout=120)
+
+
+def test_7_the_head_pod_deleted(journey: Journey) -> None:
+    """The head holds GCS and the pool server: its loss ends every actor. What a trainer
+    sees, and how long until the pool is Ready again."""
+    journey.kube.apply(journey.stepping_job("headless", 8))
+    journey.wait_stepping("headless")
+    (head,) = journey.pods("head")
+    t0 = time.monotonic()
+    journey.kube.kubectl("delete", "pod", head["metadata"]["name"], "-n", journey.ns, "--wait=false")
+
+    def ended() -> dict[str, Any] | None:
+        return last_json(journey.logs("headless"), "done")
+
+    end = journey.kube.wait_until(ended, timeout=300, interval=2, what="the attached trainer to end")
+    journey.figures["head_deleted_to_trainer_error_s"] = time.monotonic() - t0
+    print(f"\n[journey] trainer attached while the head was deleted: {end}")
+    # it fails with an error (no hang, no silent success over a pool that is gone)
+    assert end["done"] is False and end["exception"], end
+    journey.kube.wait_until(lambda: _new_head_with_every_env(journey, head["metadata"]["uid"]),
+                            timeout=420, interval=2, what="a new head with every env")
+    journey.wait_ready(timeout=120)
+    journey.figures["head_deleted_to_ready_s"] = time.monotonic() - t0
+
+
+def test_8_figures_in_cluster_against_the_host_and_peak_memory(journey: Journey) -> None:
+    """`envpool run -f` of the same YAML on this machine, beside the in-cluster trainers;
+    peak memory of the head and worker pods from their cgroups."""
+    envpool = Path(sys.executable).parent / "envpool"
+    out = subprocess.run([str(envpool), "run", "-f", str(EXAMPLE), "--seconds", "20"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    host = steps_per_s(out.stdout)
+    journey.figures["host_envpool_run_f_steps_per_s"] = host
+    assert host > 0
+    for pod in [*journey.pods("head"), *journey.pods("worker")]:
+        rss = peak_rss_bytes(pod["metadata"]["uid"])
+        assert rss is not None, f"no cgroup for pod {pod['metadata']['name']}"
+        kind = pod["metadata"]["labels"]["app.kubernetes.io/component"]
+        key = f"peak_rss_{kind}_mib"
+        journey.figures[key] = max(journey.figures.get(key, 0.0), rss / 2**20)
+
+
+def test_9_uninstall_leaves_nothing_behind(journey: Journey) -> None:
     journey.kube.helm("uninstall", journey.release, "-n", journey.ns, "--wait")
     journey.kube.kubectl("delete", "epool", POOL, "-n", journey.ns, "--wait=false")
 

@@ -12,8 +12,9 @@ in-process for ``envpool run``) and:
   exponential backoff and at most ``maxRestarts`` consecutive failures; trainers
   report the failures they see and wait for the replacement (one owner of restarts);
 * scales to ``spec.replicas`` without touching surviving actors: new actors are
-  added, and scaling down removes un-leased actors first (an actor is cut to a
-  smaller one only when no whole actor fits the excess);
+  added, and scaling down removes free (un-leased) actors only, newest first (a
+  free actor is cut to a smaller one only when no whole actor fits the excess);
+  leased envs above the new size go when their lease ends;
 * serves ``/metrics``, ``/healthz`` and ``/status`` (JSON) over HTTP and, in-cluster,
   patches its EnvPool's ``status.pool`` (:mod:`remote_env.pool.kube_report`).
 
@@ -287,8 +288,8 @@ class PoolServer:
     def pool_report(self) -> dict[str, Any]:
         """``status.pool`` of the EnvPool: the operator reads it."""
         st = self.status()
-        return {key: st[key] for key in ("readyEnvs", "desiredEnvs", "restarts", "lastError",
-                                         "updatedAt")}
+        return {key: st[key] for key in ("readyEnvs", "leasedEnvs", "freeEnvs", "desiredEnvs",
+                                         "restarts", "lastError", "updatedAt")}
 
     def _apply_pending_spec(self) -> None:
         with self._spec_lock:
@@ -317,6 +318,9 @@ class PoolServer:
             by_state[s.state] += s.num_envs
         trainers = {lease["lease_id"]: lease["trainer"] for lease in self._leases}
         leased_envs = sum(s.num_envs for s in slots if s.slot in self._leased)
+        # What a trainer can lease right now: ready and nobody's (the autoscaler's buffer).
+        free_envs = sum(s.num_envs for s in slots
+                        if s.state == "ready" and s.slot not in self._leased)
         snap = {
             "pool": self.spec.name,
             "namespace": self.spec.namespace,
@@ -327,6 +331,7 @@ class PoolServer:
             "startingEnvs": by_state["starting"] + by_state["backoff"],
             "failedEnvs": by_state["failed"],
             "leasedEnvs": leased_envs,
+            "freeEnvs": free_envs,
             "actors": len(slots),
             "readyActors": sum(1 for s in slots if s.state == "ready"),
             "restarts": sum(s.restarts for s in slots),
@@ -356,6 +361,6 @@ class PoolServer:
     def _gauges(self) -> dict[str, float]:
         st = self.status()
         return {"desired": st.get("desiredEnvs", 0), "leased": st.get("leasedEnvs", 0),
-                "leases": len(st.get("leases", []))}
+                "free": st.get("freeEnvs", 0), "leases": len(st.get("leases", []))}
 
 

@@ -287,6 +287,7 @@ def test_rbac_is_least_privilege(helm: str) -> None:
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("envpool.dev", "envpools"): {"get", "list", "watch", "patch"},
         ("envpool.dev", "envpools/status"): {"get", "patch"},
+        ("envpool.dev", "envpools/scale"): {"get", "patch"},
         ("ray.io", "rayclusters"): {"get", "list", "watch", "create", "patch"},
         ("", "configmaps"): {"create", "patch"},
         ("", "serviceaccounts"): {"create", "patch"},
@@ -350,7 +351,7 @@ def test_admission_policy_covers_every_write_of_the_operator_and_only_it(helm: s
                 for g in rule["apiGroups"] for r in rule["resources"]}
     # every kind it may write, except its own EnvPools (status, kopf annotations) and Events
     assert covered == writable - {("envpool.dev", "envpools"), ("envpool.dev", "envpools/status"),
-                                  ("", "events")}
+                                  ("envpool.dev", "envpools/scale"), ("", "events")}
     pool = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4}, name="p", namespace="n")
     for child in builders.build_children(pool, settings.Settings()):
         # the policy's label rule holds for what the builders make

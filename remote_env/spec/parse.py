@@ -228,7 +228,8 @@ def parse_spec(
                                min(fields.DEFAULT_ENVS_PER_ACTOR, smallest))
     if autoscaling is not None and envs_per_actor > autoscaling.min_replicas:
         c.fail("spec.autoscaling.minReplicas",
-               f"{fields.MIN_ACTOR_MESSAGE}={envs_per_actor}, got {autoscaling.min_replicas}")
+               f"{fields.MIN_ACTOR_MESSAGE} (envsPerActor={envs_per_actor}), got "
+               f"{autoscaling.min_replicas}")
     if envs_per_actor > replicas:
         c.fail("spec.envsPerActor", f"must be <= replicas={replicas} (an actor hosts "
                                     f"envsPerActor of the pool's sub-envs), got {envs_per_actor}")

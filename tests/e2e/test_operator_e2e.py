@@ -56,6 +56,8 @@ class Operator:
     proc: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
     health_port: int = 0
+    #: The namespaces it watches (a glob): each module that runs one has its own prefix.
+    namespaces: str = f"{NS_PREFIX}*"
 
     def start(self) -> None:
         self.metrics_port, self.health_port = _free_port(), _free_port()
@@ -63,7 +65,7 @@ class Operator:
             self.proc = subprocess.Popen(
                 # Only this module's namespaces: other tests may run their own
                 # operator on the same cluster at the same time.
-                [str(ENVPOOL), "operator", "--namespace", f"{NS_PREFIX}*", "--standalone",
+                [str(ENVPOOL), "operator", "--namespace", self.namespaces, "--standalone",
                  "--metrics-port", str(self.metrics_port),
                  "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,

@@ -65,7 +65,8 @@ def test_bad_autoscaling_is_refused_with_what_to_fix(auto: dict[str, Any], where
 
 def test_min_below_one_actor_is_refused() -> None:
     errors = _errors({**_spec(minReplicas=2, maxReplicas=16, bufferEnvs=2), "envsPerActor": 4})
-    assert errors == [f"spec.autoscaling.minReplicas: {spec.fields.MIN_ACTOR_MESSAGE}=4, got 2"]
+    assert errors == [
+        f"spec.autoscaling.minReplicas: {spec.fields.MIN_ACTOR_MESSAGE} (envsPerActor=4), got 2"]
 
 
 def test_max_needing_more_workers_than_the_operator_allows() -> None:

@@ -13,7 +13,7 @@ import dataclasses
 import datetime
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import kopf
@@ -318,25 +318,34 @@ def reconcile_fresh(key: tuple[str, str], runtime: Runtime, logger: Any) -> Outc
         return outcome
 
 
-def resync_loop(runtime: Runtime, stop: threading.Event, logger: Any) -> None:
-    """Every ``resync_seconds``, reconcile every known EnvPool (level-triggered repair).
+def every_pool(runtime: Runtime, stop: threading.Event, period: float,
+               fn: Callable[[tuple[str, str], Runtime, Any], object], what: str,
+               logger: Any) -> None:
+    """Every ``period`` seconds, ``fn(key, runtime, logger)`` for every known EnvPool.
 
     One loop for the whole operator rather than a kopf timer per object:
     kopf timers put a finalizer on every EnvPool, and a finalizer would block
-    deleting pools while the operator is down.
+    deleting pools while the operator is down. A pool's failure is logged and
+    the loop goes on to the next.
     """
-    while not stop.wait(runtime.settings.resync_seconds):
+    while not stop.wait(period):
         with runtime.lock:
             keys = sorted(runtime.pools)
         for key in keys:
             if stop.is_set():
                 return
             try:
-                reconcile_fresh(key, runtime, logger)
+                fn(key, runtime, logger)
             except kube.ApiProblem as exc:
-                logger.warning(f"resync of EnvPool {key[0]}/{key[1]}: {exc}")
+                logger.warning(f"{what} of EnvPool {key[0]}/{key[1]}: {exc}")
             except Exception:
-                logger.exception(f"resync of EnvPool {key[0]}/{key[1]} failed")
+                logger.exception(f"{what} of EnvPool {key[0]}/{key[1]} failed")
+
+
+def resync_loop(runtime: Runtime, stop: threading.Event, logger: Any) -> None:
+    """Every ``resync_seconds``, reconcile every known EnvPool (level-triggered repair)."""
+    every_pool(runtime, stop, runtime.settings.resync_seconds, reconcile_fresh, "resync",
+               logger)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,15 +440,5 @@ def autoscale_loop(runtime: Runtime, stop: threading.Event, logger: Any) -> None
     Reports trigger a pass of their own pool as they arrive; this loop lets a
     scale-down delay run out when nothing changes, and enforces the bounds.
     """
-    while not stop.wait(runtime.settings.autoscale_seconds):
-        with runtime.lock:
-            keys = sorted(runtime.pools)
-        for key in keys:
-            if stop.is_set():
-                return
-            try:
-                autoscale(key, runtime, logger)
-            except kube.ApiProblem as exc:
-                logger.warning(f"autoscaler: EnvPool {key[0]}/{key[1]}: {exc}")
-            except Exception:
-                logger.exception(f"autoscaler: EnvPool {key[0]}/{key[1]} failed")
+    every_pool(runtime, stop, runtime.settings.autoscale_seconds, autoscale, "autoscaling",
+               logger)

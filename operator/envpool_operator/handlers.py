@@ -148,8 +148,15 @@ def pool_event_fn(
     _status_only(body, patch, runtime)
     try:
         reconcile.autoscale(key, runtime, logger)
+        # Worker pods kept for leased envs: once a report names pods without leases,
+        # shrink now rather than at the next spec change or resync.
+        pool = reconcile.parse(body, runtime.settings)
+        if reconcile.shrink_waiting(pool, body, runtime.ray_clusters.get(key)):
+            reconcile.reconcile_fresh(key, runtime, logger)
+    except spec_mod.SpecError:
+        pass  # the reconcile reports it (SpecValid=False)
     except kube.ApiProblem as exc:
-        logger.warning(f"autoscaler: {exc}; the next pass retries")
+        logger.warning(f"EnvPool {key[0]}/{key[1]}: {exc}; the next pass retries")
 
 
 @kopf.on.event("ray.io", "v1", "rayclusters", labels={builders.POOL_LABEL: kopf.PRESENT})

@@ -211,8 +211,6 @@ def _apply_children(
 ) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     name, namespace, uid = meta.get("name", ""), meta.get("namespace", ""), meta.get("uid", "")
-    children = builders.build_children(pool, runtime.settings)
-    kopf.adopt(children, owner=kopf.Body(cast(Any, copy.deepcopy(dict(body)))))
     try:
         # Checked first so a cluster without KubeRay gets no half-made children.
         if not kube.ray_api_available():
@@ -225,6 +223,9 @@ def _apply_children(
         if refusal is not None:
             mine = existing if existing is not None and _owned_by(existing, uid) else None
             raise _Stop(*refusal, ray_cluster=mine)
+        children = builders.build_children(pool, runtime.settings,
+                                           workers=workers_for(pool, body, existing))
+        kopf.adopt(children, owner=kopf.Body(cast(Any, copy.deepcopy(dict(body)))))
         if existing is None:
             # First creation: let the API server judge every child (quota,
             # RBAC, schema) before any is written, so a refusal leaves nothing
@@ -241,6 +242,30 @@ def _apply_children(
     except kube.ApiProblem as exc:
         raise _Stop(exc.problem, exc.delay) from None
     return rc
+
+
+def _current_workers(ray_cluster: Mapping[str, Any] | None) -> int | None:
+    groups = ((ray_cluster or {}).get("spec") or {}).get("workerGroupSpecs") or ()
+    for group in groups:
+        if group.get("groupName") == builders.WORKER_GROUP:
+            replicas = group.get("replicas")
+            return replicas if isinstance(replicas, int) else None
+    return None
+
+
+def workers_for(pool: spec_mod.PoolSpec, body: Mapping[str, Any],
+                ray_cluster: Mapping[str, Any] | None) -> tuple[int, list[str]]:
+    """:func:`builders.worker_plan` from the RayCluster as it is and a fresh pool report."""
+    report = status_mod.fresh_report(_status_of(body).get("pool"), _now())
+    return builders.worker_plan(pool, current=_current_workers(ray_cluster), report=report)
+
+
+def shrink_waiting(pool: spec_mod.PoolSpec, body: Mapping[str, Any],
+                   ray_cluster: Mapping[str, Any] | None) -> bool:
+    """The worker group holds pods it kept for leases that a new report lets go."""
+    current = _current_workers(ray_cluster)
+    replicas, remove = workers_for(pool, body, ray_cluster)
+    return current is not None and bool(remove) and replicas < current
 
 
 def refreshed_status(

@@ -53,7 +53,8 @@ class KubeStatusReporter:
         # Leases are in the key: the autoscaler sizes the pool from them, so a lease
         # that empties the buffer reaches the operator within min_interval_s.
         key = (report["readyEnvs"], report["leasedEnvs"], report["freeEnvs"],
-               report["desiredEnvs"], report["restarts"], report["lastError"])
+               report["desiredEnvs"], report["restarts"], report["lastError"],
+               tuple(report.get("leasedWorkers", ())), tuple(report.get("freeWorkers", ())))
         now = time.monotonic()
         due = now - self._last_at >= self.interval_s
         changed = key != self._last and now - self._last_at >= self.min_interval_s

@@ -7,7 +7,8 @@ empties the buffer -> the operator, a pod, resizes the pool through the scale
 subresource from the pool server's report -> the pool server, the head pod's sidecar,
 starts the envs; a second worker pod starts when they no longer fit -> a second
 trainer Job finds 8 free envs at once (``wait_s=0``) -> both leave and the pool goes
-back to 8 envs and one worker after the scale-down delay.
+back to 8 envs and one worker after the scale-down delay. When the worker group
+shrinks while A still leases, the pod that goes is one without A's actors.
 """
 
 from __future__ import annotations
@@ -99,6 +100,15 @@ def test_an_autoscaled_pool_keeps_a_buffer_on_real_pods(journey: Journey) -> Non
                       what="24 envs asked while B leased")
     j.kube.wait_until(lambda: _workers(j) == 2 and _running_workers(j) == 2, timeout=300,
                       interval=1, what="a second worker pod running")
+
+    # B has left: after the delay 16 envs, one worker pod; the pod that goes is the one
+    # without A's leased actors (workersToDelete), so none of A's actors is restarted
+    j.kube.wait_until(lambda: j.epool()["spec"]["replicas"] == 16, timeout=DELAY_S + 120,
+                      interval=1, what="16 envs once B left")
+    j.kube.wait_until(lambda: _workers(j) == 1 and _running_workers(j) == 1, timeout=180,
+                      interval=1, what="one worker pod while A still leases")
+    st = j.server_status()
+    assert (st["leasedEnvs"], st["restarts"]) == (8, 0), st
 
     # everyone leaves: after the delay, back to minReplicas and one worker
     j.kube.kubectl("delete", "job", "trainer-a", "-n", j.ns, "--wait=false")

@@ -331,6 +331,8 @@ def test_leased_and_free_are_reported_and_scaling_down_never_takes_a_leased_env(
         rep = wait_for(lambda: reports and reports[-1]["leasedEnvs"] == 4 and reports[-1],
                        10, "lease reported")
         assert (rep["freeEnvs"], rep["readyEnvs"], rep["desiredEnvs"]) == (2, 6, 6)
+        # the hosts (in-cluster: worker pods) that must stay while the lease lasts
+        assert rep["leasedWorkers"] == [socket.gethostname()]
         _, text = _get(server.url + "/metrics")
         samples = {s.name: s.value for fam in text_string_to_metric_families(text)
                    for s in fam.samples if s.labels.get("pool") == "held"}

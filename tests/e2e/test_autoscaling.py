@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import socket
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from typing import Any
 import pytest
 import ray
 import yaml
-from test_operator_e2e import Operator, install_crd
+from test_operator_e2e import Operator, install_crd, watched_namespace
 from test_pool_server_report import _token_kubeconfig
 
 from envpool_operator import builders
@@ -72,15 +71,7 @@ def operator(kube_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture
 def namespace(kube_cluster: Any, request: pytest.FixtureRequest) -> Iterator[str]:
-    kube = kube_cluster
-    base = request.node.name.removeprefix("test_").replace("_", "-")[:28].strip("-")
-    name = f"{NS_PREFIX}{base}-{secrets.token_hex(3)}"
-    kube.kubectl("create", "namespace", name)
-    kube.wait_until(lambda: kube.kubectl("get", "serviceaccount", "default", "-n", name,
-                                         check=False).returncode == 0,
-                    timeout=30, what=f"serviceaccount default in {name}")
-    yield name
-    kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+    yield from watched_namespace(kube_cluster, request, NS_PREFIX)
 
 
 @pytest.fixture(scope="module")

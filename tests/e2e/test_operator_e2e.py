@@ -120,12 +120,11 @@ def operator(kube_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     print(f"\n[operator log tail]\n{op.log_tail(30)}")
 
 
-@pytest.fixture
-def namespace(kube_cluster: Any, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace per test (overrides conftest's), named for the operator's watch."""
-    kube = kube_cluster
+def watched_namespace(kube: Any, request: pytest.FixtureRequest,
+                      prefix: str = NS_PREFIX) -> Iterator[str]:
+    """A fresh namespace for one test, named for an operator watching ``prefix*``."""
     base = request.node.name.removeprefix("test_").replace("_", "-")[:30].strip("-")
-    name = f"{NS_PREFIX}{base}-{secrets.token_hex(3)}"
+    name = f"{prefix}{base}-{secrets.token_hex(3)}"
     kube.kubectl("create", "namespace", name)
     kube.wait_until(lambda: kube.kubectl("get", "serviceaccount", "default", "-n", name,
                                          check=False).returncode == 0,
@@ -133,6 +132,12 @@ def namespace(kube_cluster: Any, request: pytest.FixtureRequest) -> Iterator[str
     yield name
     # Not waited for (~10 s each): every test has its own namespace.
     kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def namespace(kube_cluster: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test (overrides conftest's), named for the operator's watch."""
+    yield from watched_namespace(kube_cluster, request)
 
 
 @pytest.fixture(scope="module")

@@ -210,7 +210,7 @@ def test_three_trainers_find_free_envs_and_scale_down_spares_leases(
 ) -> None:
     kube, name = kube_cluster, "auto"
     counter = tmp_path / "constructed"
-    delay = 8
+    delay = 12  # long enough that the release-then-spike below stays inside it
     _apply(kube, namespace, _envpool(name, counter, replicas=4, autoscaling={
         "minReplicas": 4, "maxReplicas": 16, "bufferEnvs": 4,
         "scaleDownDelaySeconds": delay}))

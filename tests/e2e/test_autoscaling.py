@@ -176,9 +176,10 @@ def _epool(kube: Any, ns: str, name: str) -> dict[str, Any]:
     return doc
 
 
-def _workers(kube: Any, ns: str, name: str) -> int:
-    rc = kube.kubectl_json("get", "raycluster", name, "-n", ns)
-    return int(rc["spec"]["workerGroupSpecs"][0]["replicas"])
+def _workers(kube: Any, ns: str, name: str) -> int | None:
+    """The RayCluster's worker replicas (None before the operator created it)."""
+    rc = kube.kubectl_json("get", "raycluster", name, "-n", ns, check=False)
+    return None if rc is None else int(rc["spec"]["workerGroupSpecs"][0]["replicas"])
 
 
 def _wait_free(server: PoolServer, kube: Any, free: int, total: int | None = None,

@@ -384,3 +384,54 @@ def test_an_hpa_resizes_a_pool_through_the_same_scale_subresource(
         timeout=30, what="the pool spec in the ConfigMap")
     kube.wait_until(lambda: _workers(kube, namespace, name) == 1, timeout=30,
                     what="16 envs on one 64-env worker")
+
+
+def _worker_pods(kube: Any, ns: str, name: str) -> set[str]:
+    pods = kube.kubectl_json("get", "pods", "-n", ns, "-l",
+                             f"envpool.dev/pool={name},app.kubernetes.io/component=worker")
+    return {p["metadata"]["name"] for p in pods["items"]
+            if not p["metadata"].get("deletionTimestamp")}
+
+
+def _report(kube: Any, ns: str, name: str, leased: list[str], free: list[str]) -> None:
+    """``status.pool`` as the pool server writes it (kwok's pods run no Ray to report)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    report = {"readyEnvs": 12, "leasedEnvs": 4, "freeEnvs": 8, "desiredEnvs": 12, "restarts": 0,
+              "lastError": "", "updatedAt": now, "leasedWorkers": leased, "freeWorkers": free}
+    kube.kubectl("patch", "envpool", name, "-n", ns, "--subresource=status", "--type=merge",
+                 "-p", json.dumps({"status": {"pool": report}}))
+
+
+def test_shrinking_the_workers_keeps_the_pods_that_host_leased_envs(
+    kube_cluster: Any, operator: Operator, namespace: str,
+) -> None:
+    """The real KubeRay removes the pods the operator names and no other."""
+    kube, name = kube_cluster, "pods"
+    _apply(kube, namespace, _envpool(name, Path("/nonexistent"), replicas=12))
+    pods = kube.wait_until(lambda: len(p := _worker_pods(kube, namespace, name)) == 3 and p,
+                           timeout=90, what="3 worker pods")
+    a, b, c = sorted(pods)
+    head = kube.wait_until(lambda: _head_pod(kube, namespace, name), timeout=60, what="head pod")
+    _report(kube, namespace, name, leased=[a, b], free=[c])
+    kube.kubectl("scale", "envpool", name, "-n", namespace, "--replicas=4")  # 1 worker's worth
+    # a and b host leased envs: only c goes, by name
+    rc = kube.wait_until(
+        lambda: (r := kube.kubectl_json("get", "raycluster", name, "-n", namespace))[
+            "spec"]["workerGroupSpecs"][0]["replicas"] == 2 and r, timeout=30, what="2 workers")
+    assert rc["spec"]["workerGroupSpecs"][0]["scaleStrategy"]["workersToDelete"] == [c]
+    kube.wait_until(lambda: _worker_pods(kube, namespace, name) == {a, b}, timeout=60,
+                    what=f"only {c} deleted")
+    # b's lease ended: the next report frees it and the group shrinks without a spec change
+    _report(kube, namespace, name, leased=[a], free=[b])
+    kube.wait_until(lambda: _workers(kube, namespace, name) == 1, timeout=30, what="1 worker")
+    kube.wait_until(lambda: _worker_pods(kube, namespace, name) == {a}, timeout=60,
+                    what=f"{b} deleted, {a} kept")
+    # and nothing rolled: naming pods is not a spec change for KubeRay's Recreate
+    assert _head_pod(kube, namespace, name) == head
+
+
+def _head_pod(kube: Any, ns: str, name: str) -> str | None:
+    """The uid of the pool's one head pod (None while there is not exactly one)."""
+    pods = kube.kubectl_json("get", "pods", "-n", ns, "-l",
+                             f"envpool.dev/pool={name},app.kubernetes.io/component=head")
+    return str(pods["items"][0]["metadata"]["uid"]) if len(pods["items"]) == 1 else None

@@ -92,14 +92,17 @@ def test_an_autoscaled_pool_keeps_a_buffer_on_real_pods(journey: Journey) -> Non
 
     # trainer B: 8 free envs at once (wait_s=0 fails otherwise); then 24 envs need a
     # second 16-env worker pod, which KubeRay starts on the real node
-    j.kube.apply(j.trainer_job("trainer-b", 2_000, 8, 2, wait_s=0, hold_s=0))
+    # (B holds its lease for 120 s after stepping, so this is seen while it leases)
+    j.kube.apply(j.trainer_job("trainer-b", 2_000, 8, 2, wait_s=0, hold_s=120))
+    j.kube.wait_until(lambda: j.server_status()["leasedEnvs"] == 16, timeout=300, interval=0.5,
+                      what="trainer B's lease")
+    j.kube.wait_until(lambda: j.epool()["spec"]["replicas"] == 24, timeout=60,
+                      what="24 envs asked while B leases")
+    j.kube.wait_until(lambda: _workers(j) == 2 and _running_workers(j) == 2, timeout=110,
+                      interval=1, what="a second worker pod running")
     b = j.job_result("trainer-b", timeout=300)
     j.figures["second_trainer_attach_s"] = b["attach_s"]
     assert b["steps"] >= 2_000 and b["errors"] == 0, b
-    j.kube.wait_until(lambda: j.epool()["spec"]["replicas"] == 24, timeout=60,
-                      what="24 envs asked while B leased")
-    j.kube.wait_until(lambda: _workers(j) == 2 and _running_workers(j) == 2, timeout=300,
-                      interval=1, what="a second worker pod running")
 
     # B has left: after the delay 16 envs, one worker pod; the pod that goes is the one
     # without A's leased actors (workersToDelete), so none of A's actors is restarted

@@ -81,7 +81,7 @@ def test_an_autoscaled_pool_keeps_a_buffer_on_real_pods(journey: Journey) -> Non
     assert (_workers(j), _running_workers(j)) == (1, 1)
 
     # trainer A leases all 8: the buffer is empty until the operator resizes the pool
-    j.kube.apply(j.trainer_job("trainer-a", 2_000, 8, 1, wait_s=120, hold_s=240))
+    j.kube.apply(j.trainer_job("trainer-a", 2_000, 8, 1, wait_s=120, hold_s=900))
     j.kube.wait_until(lambda: j.server_status()["leasedEnvs"] == 8, timeout=300, interval=0.5,
                       what="trainer A's lease")
     t0 = time.monotonic()

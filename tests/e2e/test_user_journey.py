@@ -61,10 +61,14 @@ import numpy as np
 from remote_env import RemoteVectorEnv
 
 steps_wanted = int(sys.argv[1])
+wait_s = float(sys.argv[4]) if len(sys.argv) > 4 else 120.0  # 0: free envs at once or fail
+hold_s = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0  # keep the lease after stepping
+pool = os.environ.get("POOL", "cartpole")
+address = os.environ.get("POOL_ADDRESS", f"ray://{pool}-head-svc:10001")
 t0 = time.monotonic()
 envs = RemoteVectorEnv.from_pool(
-    "cartpole", address="ray://cartpole-head-svc:10001", num_envs=int(sys.argv[2]),
-    wait_s=120, trainer=os.environ.get("TRAINER", "trainer"))
+    pool, address=address, num_envs=int(sys.argv[2]),
+    wait_s=wait_s, trainer=os.environ.get("TRAINER", "trainer"))
 attached = time.monotonic() - t0
 slots = sorted(int(x) for x in envs.slots)
 obs, info = envs.reset(seed=int(sys.argv[3]))
@@ -80,6 +84,7 @@ while steps < steps_wanted:
     if "error" in info:
         errors += int(np.sum(info.get("_error", [])))
 rate = steps / (time.monotonic() - t1)
+time.sleep(hold_s)
 envs.close()
 print(json.dumps({"steps": steps, "episodes": episodes, "errors": errors, "attach_s": attached,
                   "first_step_s": first_step, "steps_per_s": rate, "num_envs": envs.num_envs,
@@ -103,16 +108,42 @@ def _example(namespace: str) -> dict[str, Any]:
 
 
 class Journey:
-    def __init__(self, kube: Any, node: RealNode, namespace: str, release: str, prom: Any) -> None:
-        self.kube, self.node, self.ns, self.release, self.prom = kube, node, namespace, release, prom
+    def __init__(self, kube: Any, node: RealNode, namespace: str, release: str,
+                 pool: str = POOL, prom: Any = None) -> None:
+        self.kube, self.node, self.ns, self.release = kube, node, namespace, release
+        self.pool, self.prom = pool, prom
         self.figures: dict[str, float] = {}
         self.tmp = Path(tempfile.mkdtemp(prefix="journey-"))
 
+    def install_operator(self) -> None:
+        """``helm install`` the chart as a user would: the operator a pod of the project
+        image on the real node, watching this namespace."""
+        img = self.node.image
+        values = {
+            "image": {"repository": img.rsplit(":", 1)[0], "tag": img.rsplit(":", 1)[1],
+                      "pullPolicy": "Never"},
+            "operator": {"watchNamespaces": [self.ns]},
+            "nodeSelector": dict(NODE_SELECTOR),
+            "tolerations": [dict(t) for t in TOLERATIONS],
+            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
+                          "limits": {"memory": "512Mi"}},
+        }
+        vfile = self.tmp / "values.yaml"
+        vfile.write_text(yaml.safe_dump(values))
+        self.kube.helm("install", self.release, str(CHART), "-n", self.ns, "-f", str(vfile),
+                       "--wait", "--timeout", "180s")
+
+    def operator_pod(self) -> dict[str, Any]:
+        pods = self.kube.kubectl_json(
+            "get", "pods", "-n", self.ns, "-l", "app.kubernetes.io/name=envpool-operator")["items"]
+        (pod,) = [p for p in pods if "helm.sh/hook" not in p["metadata"].get("annotations", {})]
+        return dict(pod)
+
     def epool(self) -> dict[str, Any]:
-        return self.kube.kubectl_json("get", "envpool", POOL, "-n", self.ns)
+        return self.kube.kubectl_json("get", "envpool", self.pool, "-n", self.ns)
 
     def pods(self, component: str) -> list[dict[str, Any]]:
-        sel = f"envpool.dev/pool={POOL},app.kubernetes.io/component={component}"
+        sel = f"envpool.dev/pool={self.pool},app.kubernetes.io/component={component}"
         return self.kube.kubectl_json("get", "pods", "-n", self.ns, "-l", sel)["items"]
 
     def wait_ready(self, timeout: float, replicas: int | None = None) -> dict[str, Any]:
@@ -127,13 +158,13 @@ class Journey:
 
         try:
             return self.kube.wait_until(ready, timeout=timeout, interval=1,
-                                        what=f"EnvPool {self.ns}/{POOL} Ready from the pool server's report")
+                                        what=f"EnvPool {self.ns}/{self.pool} Ready from the pool server's report")
         except pytest.fail.Exception as exc:
             pytest.fail(f"{exc}\n{self.diagnose()}", pytrace=False)
 
     def diagnose(self) -> str:
         """What a user would look at: pods, the EnvPool's conditions, the pool server's log."""
-        ep = self.kube.kubectl_json("get", "envpool", POOL, "-n", self.ns, check=False) or {}
+        ep = self.kube.kubectl_json("get", "envpool", self.pool, "-n", self.ns, check=False) or {}
         out = [self.kube.kubectl("get", "pods", "-n", self.ns, "-o", "wide", check=False).stdout,
                json.dumps(ep.get("status", {}), indent=1)[:3000]]
         for head in self.pods("head"):
@@ -160,13 +191,15 @@ class Journey:
         ).stdout
         return json.loads(out)
 
-    def trainer_job(self, name: str, steps: int, num_envs: int, seed: int) -> dict[str, Any]:
+    def trainer_job(self, name: str, steps: int, num_envs: int, seed: int,
+                    wait_s: float = 120.0, hold_s: float = 0.0) -> dict[str, Any]:
         """A Job stepping ``steps`` env steps with ``step()`` (TRAINER) and printing a summary."""
-        return self._job(name, ["python", "-c", TRAINER, str(steps), str(num_envs), str(seed)])
+        return self._job(name, ["python", "-c", TRAINER, str(steps), str(num_envs), str(seed),
+                                str(wait_s), str(hold_s)])
 
     def stepping_job(self, name: str, num_envs: int) -> dict[str, Any]:
         """A Job stepping with send/recv until /tmp/stop, with /metrics (STEPPING_TRAINER)."""
-        job = self._job(name, ["python", "-c", STEPPING_TRAINER, POOL, str(num_envs), str(STEP_TIMEOUT_S)])
+        job = self._job(name, ["python", "-c", STEPPING_TRAINER, self.pool, str(num_envs), str(STEP_TIMEOUT_S)])
         (c,) = job["spec"]["template"]["spec"]["containers"]
         c["env"] += [{"name": "METRICS_PORT", "value": str(TRAINER_METRICS_PORT)},
                      {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -181,11 +214,12 @@ class Journey:
             "imagePullPolicy": "Never",
             "command": command,
             "env": [{"name": "TRAINER", "value": name}, {"name": "HOME", "value": "/tmp"},
+                    {"name": "POOL", "value": self.pool},
                     {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
                     # the pool's Ray token (KubeRay's Secret <pool>, README "Security")
                     {"name": "RAY_AUTH_MODE", "value": "token"},
                     {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
-                        "name": POOL, "key": "auth_token"}}}],
+                        "name": self.pool, "key": "auth_token"}}}],
             "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
             "securityContext": dict(RESTRICTED_CONTAINER),
             "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
@@ -197,7 +231,7 @@ class Journey:
                 "backoffLimit": 0,
                 "template": {
                     # the label the pool's NetworkPolicy admits (README "Network")
-                    "metadata": {"labels": {"app": name, "envpool.dev/trainer": POOL}},
+                    "metadata": {"labels": {"app": name, "envpool.dev/trainer": self.pool}},
                     "spec": {
                         "restartPolicy": "Never",
                         "enableServiceLinks": False,
@@ -280,7 +314,7 @@ def journey(kube_cluster: Any, real_node: RealNode, prometheus: Any) -> Iterator
     kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crd"))
     tmp = Path(tempfile.mkdtemp(prefix="journey-prom-"))
     discovery = MonitorDiscovery(kube_cluster, ns, tmp).start()
-    j = Journey(kube_cluster, real_node, ns, release, _prometheus(prometheus, discovery, tmp))
+    j = Journey(kube_cluster, real_node, ns, release, prom=_prometheus(prometheus, discovery, tmp))
     try:
         yield j
     finally:
@@ -295,21 +329,8 @@ def journey(kube_cluster: Any, real_node: RealNode, prometheus: Any) -> Iterator
 
 
 def test_1_helm_install_runs_the_operator_as_a_pod(journey: Journey) -> None:
-    img = journey.node.image
-    values = {
-        "image": {"repository": img.rsplit(":", 1)[0], "tag": img.rsplit(":", 1)[1], "pullPolicy": "Never"},
-        "operator": {"watchNamespaces": [journey.ns]},
-        "nodeSelector": dict(NODE_SELECTOR),
-        "tolerations": [dict(t) for t in TOLERATIONS],
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
-    }
-    vfile = journey.tmp / "values.yaml"
-    vfile.write_text(yaml.safe_dump(values))
-    journey.kube.helm("install", journey.release, str(CHART), "-n", journey.ns, "-f", str(vfile),
-                      "--wait", "--timeout", "180s")
-    pods = journey.kube.kubectl_json(
-        "get", "pods", "-n", journey.ns, "-l", "app.kubernetes.io/name=envpool-operator")["items"]
-    (pod,) = [p for p in pods if "helm.sh/hook" not in p["metadata"].get("annotations", {})]
+    journey.install_operator()
+    pod = journey.operator_pod()
     assert pod["spec"]["nodeName"] == journey.node.name
     assert pod["status"]["phase"] == "Running"
     assert pod["spec"]["serviceAccountName"].startswith(journey.release)
@@ -397,10 +418,10 @@ def test_3c_a_trainer_outside_the_cluster_over_kubectl_port_forward(journey: Jou
         line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:<port> -> 10001"
         port = line.split("127.0.0.1:", 1)[1].split()[0] if "127.0.0.1:" in line else None
         assert port, line
-        script = TRAINER.replace("ray://cartpole-head-svc:10001", f"ray://127.0.0.1:{port}")
         env = {k: v for k, v in kube.env.items() if not k.startswith("RAY_")}
-        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, TRAINER="outside", RAY_USAGE_STATS_ENABLED="0")
-        out = subprocess.run([sys.executable, "-c", script, "3000", "8", "4"], capture_output=True, text=True,
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, TRAINER="outside", RAY_USAGE_STATS_ENABLED="0",
+                   POOL=POOL, POOL_ADDRESS=f"ray://127.0.0.1:{port}")
+        out = subprocess.run([sys.executable, "-c", TRAINER, "3000", "8", "4"], capture_output=True, text=True,
                              timeout=300, env=env)
     finally:
         forward.terminate()
@@ -495,9 +516,7 @@ def test_5a_faults_on_real_pods_while_a_trainer_steps(journey: Journey) -> None:
 
     # 3. the operator pod deleted right after a scale: the new one converges, no duplicates
     rc_uid = journey.kube.kubectl_json("get", "raycluster", POOL, "-n", journey.ns)["metadata"]["uid"]
-    (op,) = [p for p in journey.kube.kubectl_json(
-        "get", "pods", "-n", journey.ns, "-l", "app.kubernetes.io/name=envpool-operator")["items"]
-        if "helm.sh/hook" not in p["metadata"].get("annotations", {})]
+    op = journey.operator_pod()
     t0 = time.monotonic()
     journey.kube.kubectl("scale", f"epool/{POOL}", "-n", journey.ns, "--replicas=24")
     journey.kube.kubectl("delete", "pod", op["metadata"]["name"], "-n", journey.ns, "--wait=false")

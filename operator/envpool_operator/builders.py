@@ -236,7 +236,9 @@ def _head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> 
         "imagePullPolicy": settings.image_pull_policy,
         # The metrics port and everything else come from the config file
         # (spec.metrics.port), so a spec change needs no new command line.
-        "command": ["envpool", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"],
+        # --env-resource: the workers advertise envpool_env (rayStartParams below), and
+        # actors must wait for them rather than land anywhere while none has joined
+        "command": ["envpool", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", "--env-resource"],
         "env": [
             {"name": "ENVPOOL_POOL_NAME", "value": pool.name},
             {"name": "ENVPOOL_POOL_NAMESPACE",

@@ -63,6 +63,10 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="how long to wait for the Ray head at start (a sidecar starts beside it; "
                         "default 300)")
+    p.add_argument("--env-resource", action="store_true",
+                   help=f"always place env actors by the {spec_mod.ENV_RESOURCE} resource the worker "
+                        "pods advertise (the operator's RayClusters), even before any worker has "
+                        "joined; default: by it once a node has it, else anywhere")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(fn=serve)
     return p
@@ -129,6 +133,7 @@ def serve(args: argparse.Namespace) -> int:
         health_interval_s=args.health_interval,
         status_reporter=reporter,
         metrics_namespace=spec.namespace if reporter is not None else None,
+        env_resource=True if args.env_resource else None,
     )
 
     def _apply(new: spec_mod.PoolSpec) -> None:

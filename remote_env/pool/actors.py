@@ -37,7 +37,8 @@ class ActorSet:
     """
 
     def __init__(self, spec: spec_mod.PoolSpec, *, ray_namespace: str, metrics: PoolMetrics,
-                 health_interval_s: float, actor_options: Mapping[str, Any]) -> None:
+                 health_interval_s: float, actor_options: Mapping[str, Any],
+                 env_resource: bool | None = None) -> None:
         self.spec = spec
         self.ray_namespace = ray_namespace
         self.metrics = metrics
@@ -46,6 +47,10 @@ class ActorSet:
         self.slots: dict[int, Slot] = {}
         self.dirty = True
         self.last_error = ""
+        #: True: place actors by the env resource always (the operator's clusters, whose
+        #: workers advertise it). None: detect it; a pool server that starts before any
+        #: worker has joined then placed actors by CPU, and two landed on one worker pod.
+        self._env_resource_required = env_resource
         self._env_resource: tuple[float, bool] = (0.0, False)
 
     def layout(self) -> list[registry_mod.SlotInfo]:
@@ -335,6 +340,8 @@ class ActorSet:
     def _has_env_resource(self) -> bool:
         import ray
 
+        if self._env_resource_required is not None:
+            return self._env_resource_required
         checked, has = self._env_resource
         if time.monotonic() - checked > 5.0:
             has = spec_mod.ENV_RESOURCE in ray.cluster_resources()  # type: ignore[no-untyped-call]

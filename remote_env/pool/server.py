@@ -90,6 +90,7 @@ class PoolServer:
         status_reporter: Callable[[dict[str, Any]], None] | None = None,
         metrics_namespace: str | None = None,
         actor_options: Mapping[str, Any] | None = None,
+        env_resource: bool | None = None,
     ) -> None:
         if health_interval_s <= 0:
             raise ValueError(f"health_interval_s must be > 0, got {health_interval_s}")
@@ -105,7 +106,8 @@ class PoolServer:
         self._reporter = status_reporter
         self.actors = actors.ActorSet(spec, ray_namespace=self.ray_namespace,
                                       metrics=self.metrics, health_interval_s=health_interval_s,
-                                      actor_options=actor_options or {})
+                                      actor_options=actor_options or {},
+                                      env_resource=env_resource)
         self._registry_actor: Any = None
         self._pending_spec: spec_mod.PoolSpec | None = None
         # specs handed to apply_spec / applied by a tick: wait_ready waits for the latest

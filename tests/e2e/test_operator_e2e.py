@@ -259,7 +259,7 @@ def test_every_example_reconciles_to_ready(kube_cluster: Any, operator: Operator
         head = rc["spec"]["headGroupSpec"]["template"]["spec"]
         assert [c["name"] for c in head["containers"]] == ["ray-head", "pool-server"]
         assert head["containers"][1]["command"] == [
-            "envpool", "serve", "--config", "/etc/envpool/pool.yaml"]
+            "envpool", "serve", "--config", "/etc/envpool/pool.yaml", "--env-resource"]
         assert head["containers"][1]["ports"] == [
             {"name": "metrics", "containerPort": pool.metrics_port, "protocol": "TCP"}]
         owners = rc["metadata"]["ownerReferences"]

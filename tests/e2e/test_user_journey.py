@@ -314,8 +314,9 @@ def journey(kube_cluster: Any, real_node: RealNode, prometheus: Any) -> Iterator
     kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crd"))
     tmp = Path(tempfile.mkdtemp(prefix="journey-prom-"))
     discovery = MonitorDiscovery(kube_cluster, ns, tmp).start()
-    j = Journey(kube_cluster, real_node, ns, release, prom=_prometheus(prometheus, discovery, tmp))
+    j = Journey(kube_cluster, real_node, ns, release)
     try:
+        j.prom = _prometheus(prometheus, discovery, tmp)  # inside: a failed start still cleans up
         yield j
     finally:
         discovery.stop()
@@ -474,7 +475,11 @@ def test_5a_faults_on_real_pods_while_a_trainer_steps(journey: Journey) -> None:
 
     # 1. a worker pod deleted: its actor is replaced on the new worker, the other keeps stepping
     workers = journey.pods("worker")
-    assert len(workers) == 2, [w["metadata"]["name"] for w in workers]  # one actor each
+    assert len(workers) == 2, [w["metadata"]["name"] for w in workers]
+    # one actor per worker pod (envsPerWorker 8), placed by the env resource the workers
+    # advertise even though the pool server started before they joined
+    slots = journey.server_status()["slots"]
+    assert len({s["nodeId"] for s in slots}) == 2, slots
     victim = workers[0]["metadata"]["name"]
     restarts_before = journey.server_status()["restarts"]
     t0 = time.monotonic()

@@ -72,7 +72,7 @@ def test_head_runs_pool_server_sidecar() -> None:
     containers = _head(rc)["spec"]["containers"]
     assert containers[0]["name"] == "ray-head"  # KubeRay: containers[0] is Ray
     side = _containers(rc)["pool-server"]
-    assert side["command"] == ["envpool", "serve", "--config", "/etc/envpool/pool.yaml"]
+    assert side["command"] == ["envpool", "serve", "--config", "/etc/envpool/pool.yaml", "--env-resource"]
     # the pool server takes its port from the config it mounts
     cm = builders.build_config_map(_pool(metrics={"port": 9100}))
     assert yaml.safe_load(cm["data"]["pool.yaml"])["spec"]["metrics"]["port"] == 9100

@@ -174,3 +174,19 @@ def test_a_restarted_registry_waits_for_the_layout_instead_of_failing_trainers()
     assert reg.wait_for_replacement(0, "id0-1", timeout=0, lease_id="lease-1")["timeout"] is True
     assert reg.server_sync(_slots(2, 2), None, timeout=0)["requests"] == [
         (0, "id0-1", "actor_died")]
+
+
+def test_env_resource_required_places_by_it_without_asking_ray() -> None:
+    # the operator's pool servers start before any worker pod has joined: asking the
+    # cluster then found no env resource, and actors were placed by CPU (two per pod)
+    from prometheus_client import CollectorRegistry
+
+    from remote_env import spec as spec_mod
+    from remote_env.metrics import PoolMetrics
+    from remote_env.pool.actors import ActorSet
+
+    pool = spec_mod.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 2}, name="p")
+    metrics = PoolMetrics(CollectorRegistry(), "p")
+    required = ActorSet(pool, ray_namespace="ns", metrics=metrics, health_interval_s=1.0,
+                        actor_options={}, env_resource=True)
+    assert required._has_env_resource() is True  # no Ray connected: it did not ask

@@ -70,6 +70,7 @@ envs = RemoteVectorEnv.from_pool(
     pool, address=address, num_envs=int(sys.argv[2]),
     wait_s=wait_s, trainer=os.environ.get("TRAINER", "trainer"))
 attached = time.monotonic() - t0
+attached_at = time.time()
 slots = sorted(int(x) for x in envs.slots)
 obs, info = envs.reset(seed=int(sys.argv[3]))
 first_step = None
@@ -85,8 +86,10 @@ while steps < steps_wanted:
         errors += int(np.sum(info.get("_error", [])))
 rate = steps / (time.monotonic() - t1)
 time.sleep(hold_s)
+released_at = time.time()
 envs.close()
 print(json.dumps({"steps": steps, "episodes": episodes, "errors": errors, "attach_s": attached,
+                  "attached_at": attached_at, "released_at": released_at,
                   "first_step_s": first_step, "steps_per_s": rate, "num_envs": envs.num_envs,
                   "slots": slots}))
 """
@@ -365,8 +368,10 @@ def test_2_apply_the_example_and_ready_from_the_pool_servers_report(journey: Jou
 
 def test_3_trainers_attach_and_step_disjoint_actors(journey: Journey) -> None:
     t0 = time.monotonic()
-    journey.kube.apply([journey.trainer_job("trainer-a", 12_000, 8, 1),
-                        journey.trainer_job("trainer-b", 12_000, 8, 2)])
+    # each holds its lease 30 s after stepping, so that the two leases overlap even when
+    # one trainer's Ray client connection needed a retry
+    journey.kube.apply([journey.trainer_job("trainer-a", 12_000, 8, 1, hold_s=30),
+                        journey.trainer_job("trainer-b", 12_000, 8, 2, hold_s=30)])
     a = journey.job_result("trainer-a", timeout=300)
     b = journey.job_result("trainer-b", timeout=300)
     journey.figures["apply_trainer_to_first_step_s"] = max(a["first_step_s"], b["first_step_s"])
@@ -376,6 +381,7 @@ def test_3_trainers_attach_and_step_disjoint_actors(journey: Journey) -> None:
         assert got["steps"] >= 10_000 and got["episodes"] > 0 and got["errors"] == 0, got
         assert got["num_envs"] == 8
     # at the same time, on actors of their own (whole actors are leased)
+    assert a["attached_at"] < b["released_at"] and b["attached_at"] < a["released_at"], (a, b)
     assert a["slots"] and b["slots"] and not set(a["slots"]) & set(b["slots"]), (a["slots"], b["slots"])
     # close() handed every env back: the pool is whole and free again
     journey.wait_ready(timeout=60)

@@ -174,6 +174,9 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
         self._restarts = np.zeros(n, dtype=np.int64)
         self._failed = np.zeros(n, dtype=np.bool_)
         self._busy = np.zeros(n, dtype=np.bool_)
+        #: envs sent a reset at least once: gymnasium refuses a step before it, and a
+        #: step of an env never reset had no observation to return when it failed
+        self._was_reset = np.zeros(n, dtype=np.bool_)
         self._calls: dict[Any, _actors.Call] = {}
         self._gathered = []
         self._state = _State.DEFAULT
@@ -259,6 +262,7 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
             mask = checks.reset_mask(options.pop("reset_mask"), self.num_envs)
         env_ids = np.flatnonzero(mask)
         self._submit(env_ids, [seeds[i] for i in env_ids], options, is_reset=True)
+        self._was_reset[env_ids] = True
         obs, _, _, _, infos = self._assembler.full(self._collect_all(None))
         return obs, infos
 
@@ -270,6 +274,7 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
         seeds = checks.seeds(seed, self.num_envs)
         ids = np.arange(self.num_envs)
         self._submit(ids, seeds, dict(options) if options else None, is_reset=True)
+        self._was_reset[ids] = True
 
     def _check_idle(self, what: str) -> None:
         self._check_open()
@@ -290,6 +295,7 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
         """Send ``actions`` to every sub-env; collect with :meth:`step_wait`."""
         self._check_idle("step_async")
         ids = np.arange(self.num_envs)
+        self._check_reset(ids)
         self._submit(ids, self._actions(actions, ids), None, is_reset=False)
         self._state = _State.WAITING_STEP
 
@@ -338,7 +344,16 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
                 "before sending them again",
                 "step",
             )
+        self._check_reset(ids)
         self._submit(ids, self._actions(actions, ids), None, is_reset=False)
+
+    def _check_reset(self, ids: np.ndarray) -> None:
+        """gymnasium's order: reset before the first step (``ResetNeeded``, before sending)."""
+        never = ids[~self._was_reset[ids]]
+        if len(never):
+            raise gym.error.ResetNeeded(
+                f"sub-environments {never.tolist()} were never reset: call reset() (or "
+                "async_reset() and recv()) before step()/send(), as gymnasium requires")
 
     def recv(self, timeout: float | None = None) -> Results:
         """Return the sub-envs that are ready within ``batch_wait_ms`` (at least one).

@@ -45,6 +45,7 @@ try:
         pool, address=f"ray://{pool}-head-svc:10001", num_envs=num_envs, wait_s=180,
         trainer=os.environ["TRAINER"], step_timeout_s=step_timeout, metrics=metrics)
     n, space = envs.num_envs, envs.single_action_space
+    envs.reset(seed=int(os.environ.get("SEED", "0")))  # gymnasium's order: reset, then step
     sent, answered = np.zeros(n, np.int64), np.zeros(n, np.int64)
     errors = untruncated_errors = episodes = 0
     last_error, slowest_recv = "", 0.0

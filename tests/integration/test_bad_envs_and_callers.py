@@ -222,6 +222,32 @@ def test_caller_errors_are_raised_before_anything_is_sent(counted: Any) -> None:
     assert failures(reg) == 0 and envs.restart_counts.sum() == 0
 
 
+def test_a_step_before_any_reset_is_refused_as_gymnasium_does() -> None:
+    # It was sent: with an env failing its first step the actor had no observation to
+    # return, the driver raised a shape error and the vector env stayed pending forever.
+    reg = CollectorRegistry()
+    fns = [functools.partial(examples.make_flaky_cartpole, 1)] * 4
+    envs = RemoteVectorEnv(fns, envs_per_actor=2, registry=reg, restart_failed_sub_environments=True,
+                           restart_backoff_s=0.0)
+    sync = gym.vector.SyncVectorEnv([cartpole()] * 2)
+    try:
+        with pytest.raises(gym.error.ResetNeeded):
+            sync.step(np.zeros(2, dtype=np.int64))  # the reference refuses it too
+        with pytest.raises(gym.error.ResetNeeded, match=r"sub-environments \[0, 1, 2, 3\] were never reset"):
+            envs.step(np.zeros(4, dtype=np.int64))
+        envs.reset(options={"reset_mask": np.array([True, True, False, False])})
+        with pytest.raises(gym.error.ResetNeeded, match=r"sub-environments \[3\] were never reset"):
+            envs.send(np.zeros(2, dtype=np.int64), [1, 3])
+        assert failures(reg) == 0  # nothing was sent
+        # after a reset every env steps; each of these fails as injected, as a truncation
+        envs.reset(seed=0)
+        _, _, _, trunc, info = envs.step(np.zeros(4, dtype=np.int64))
+        assert trunc.all() and all("injected failure" in e for e in info["error"])
+    finally:
+        envs.close()
+        sync.close()
+
+
 # ---------------------------------------- a replacement in backoff stalls no one
 def _healthy_rate(envs: RemoteVectorEnv, seconds: float, healthy: set[int]) -> float:
     """Steps/s of the ``healthy`` envs in a send/recv loop over ``seconds``."""

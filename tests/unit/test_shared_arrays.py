@@ -71,8 +71,7 @@ def test_a_segment_outlives_its_name_and_is_shared_both_ways() -> None:
     np.testing.assert_array_equal(b.obs, [[0.5, -0.5]])
     assert b.rewards.tolist() == [2.0] and b.truncations.tolist() == [True]
     assert b.infos == [{}]
-    actor.obs[3] = 9.0  # the batch holds a copy: the row is the actor's again
-    assert b.obs[0, 0] == 0.5
+    del b  # a view of the segment: close() below must not find it exported
     driver.close()
     actor.close()
     assert driver.closed and actor.closed

@@ -1,8 +1,8 @@
 """``envpool bench``: one workload through every implementation, in one process run.
 
 Implementations (JSON keys): ``remote_env`` (best config), ``remote_env_defaults``,
-``remote_env_pickle`` and ``remote_env_ray`` (best config over the pickling socket
-and over Ray calls only: the older data paths), ``gymnasium_sync``,
+``remote_env_pickle`` and ``remote_env_ray`` (defaults over the pickling socket and
+over Ray calls only: the older data paths), ``gymnasium_sync``,
 ``gymnasium_async``, ``rllib_remote_base_env`` (needs the ``bench`` extra), and for
 ``sleep1ms`` also ``remote_env_async``: the same wait awaited (the env's ``astep``)
 instead of blocking a thread, which only remote_env can use. ``limit`` is the
@@ -124,9 +124,9 @@ def bench(workload: str, n: int, seconds: float, reps: int, impls: list[str],
         "remote_env": lambda: run_remote_env(fn, n, seconds, cfg),
         "remote_env_async": lambda: run_remote_env(async_fn, n, seconds, async_cfg),  # type: ignore[arg-type]
         "remote_env_defaults": lambda: run_remote_env(fn, n, seconds, {}),
-        "remote_env_pickle": lambda: run_remote_env(fn, n, seconds,
-                                                    {**cfg, "transport": "pickle"}),
-        "remote_env_ray": lambda: run_remote_env(fn, n, seconds, {**cfg, "transport": "ray"}),
+        # the older data paths, at the defaults: compare with remote_env_defaults
+        "remote_env_pickle": lambda: run_remote_env(fn, n, seconds, {"transport": "pickle"}),
+        "remote_env_ray": lambda: run_remote_env(fn, n, seconds, {"transport": "ray"}),
         "gymnasium_sync": lambda: run_gymnasium(fn, n, seconds, "sync"),
         "gymnasium_async": lambda: run_gymnasium(fn, n, seconds, "async"),
         "rllib_remote_base_env": lambda: bench_runners.run_rllib(fn, n, seconds),

@@ -4,8 +4,9 @@ P = cores processes, each stepping its share of the N envs with ``SyncVectorEnv`
 (for ``sleep1ms``: awaiting its envs' ``astep`` together on one event loop), no
 IPC at all. Their aggregate steps/s is what this machine can do for the workload;
 anything that moves envs into other processes can only approach it. The processes
-are spawned (not forked: the bench process holds a Ray driver) and step in one
-common window so their counts add up.
+are spawned (not forked: the bench process holds a Ray driver) and start stepping
+together, once all are set up (a barrier), so their counts add up: a straggler
+that started late would otherwise have had a core to itself.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import time
 from typing import Any
 
 import gymnasium as gym
-
-_WINDOW_START_S = 3.0  # spawned interpreters import gymnasium in ~1-2 s on 2 cores
 
 
 def split(n: int, parts: int) -> list[int]:
@@ -36,8 +35,8 @@ def measure(workload: str, n: int, procs: int, seconds: float, *,
     shares = split(n, procs)
     ctx = multiprocessing.get_context("spawn")
     results: Any = ctx.Queue()
-    start_at = time.time() + _WINDOW_START_S
-    workers = [ctx.Process(target=_worker, args=(workload, k, seconds, start_at, awaited,
+    start = ctx.Barrier(len(shares))
+    workers = [ctx.Process(target=_worker, args=(workload, k, seconds, start, awaited,
                                                  results), daemon=True) for k in shares]
     for w in workers:
         w.start()
@@ -55,21 +54,20 @@ def measure(workload: str, n: int, procs: int, seconds: float, *,
     return Run(steps / window, cpu / max(steps, 1) * 1e6, 0.0)
 
 
-def _worker(workload: str, k: int, seconds: float, start_at: float, awaited: bool,
+def _worker(workload: str, k: int, seconds: float, start: Any, awaited: bool,
             out: Any) -> None:
     from remote_env.cli import bench_runners
 
     if awaited:
         fn = bench_runners.make_async_env_fn(workload)
         assert fn is not None, f"{workload} has no awaitable variant"
-        out.put(asyncio.run(_awaited(fn, k, seconds, start_at)))
+        out.put(asyncio.run(_awaited(fn, k, seconds, start)))
         return
     envs = gym.vector.SyncVectorEnv([bench_runners.make_env_fn(workload)] * k)
     acts = bench_runners.actions(envs.single_action_space, k)
     envs.reset(seed=0)
     envs.step(acts[0])
-    while time.time() < start_at:
-        time.sleep(0.01)
+    start.wait(timeout=120)
     steps, i = 0, 0
     c0, t0 = time.process_time(), time.perf_counter()
     while time.perf_counter() - t0 < seconds:
@@ -80,7 +78,7 @@ def _worker(workload: str, k: int, seconds: float, start_at: float, awaited: boo
     envs.close()
 
 
-async def _awaited(fn: Any, k: int, seconds: float, start_at: float) -> tuple[int, float, float]:
+async def _awaited(fn: Any, k: int, seconds: float, start: Any) -> tuple[int, float, float]:
     envs = [fn() for _ in range(k)]
     space = envs[0].action_space
     space.seed(0)
@@ -93,8 +91,7 @@ async def _awaited(fn: Any, k: int, seconds: float, start_at: float) -> tuple[in
         if term or trunc:  # autoreset, as the vector envs do
             await env.areset()
 
-    while time.time() < start_at:
-        await asyncio.sleep(0.01)
+    start.wait(timeout=120)  # blocking is fine: nothing else runs on this loop yet
     steps, i = 0, 0
     c0, t0 = time.process_time(), time.perf_counter()
     while time.perf_counter() - t0 < seconds:

@@ -36,13 +36,10 @@ from remote_env._types import Batch, Failure
 from remote_env.host_faults import EnvFn, Slot, SlotFaults, restart_seed
 from remote_env.host_steps import MalformedResultError, reset_one, run_sync, step_one
 from remote_env.host_threads import Gang
-from remote_env.host_transport import CHANNEL_METHODS, FENCED_METHODS, HostTransport
+from remote_env.host_transport import HostTransport
 from remote_env.spec.fields import DEFAULT_MAX_RESTARTS
 
 __all__ = ["EnvFn", "MalformedResultError", "SubEnvHost", "has_async_api", "restart_seed"]
-# the names these had when they lived here
-_FENCED_METHODS = FENCED_METHODS
-_CHANNEL_METHODS = CHANNEL_METHODS
 
 
 def has_async_api(env: Any) -> bool:

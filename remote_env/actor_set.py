@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from remote_env import channel, errors
+from remote_env import channel, errors, shared_arrays
 from remote_env._types import FailureReason
 from remote_env.host import EnvFn, SubEnvHost
 
@@ -36,6 +37,8 @@ class Host:
     # the Unix-socket data path to this actor (same node as the driver), once opened
     channel: channel.Channel | None = None
     channel_tried: bool = False
+    # the channel's shared arrays (transport="auto", spaces that batch into arrays)
+    shared: shared_arrays.SharedArrays | None = None
     # bumped when the actor is lost: calls of an older generation are stale
     generation: int = 0
     # being replaced: in backoff until retry_at, or an actor_replacer call running
@@ -151,6 +154,7 @@ class ActorSet:
     restart_backoff_s: float
     start_timeout_s: float
     metrics: Any
+    transport: str
     _ray: Any
     _node_id: str | None
     _threads: int
@@ -282,7 +286,15 @@ class ActorSet:
         chan = self._channel(host)
         epoch = self._lease_epoch
         if chan is not None:
-            return chan.call((method, *args) if epoch is None else ("fenced", epoch, method, *args))
+            decode = None
+            if host.shared is not None and method == "step":
+                positions, acts = args
+                if shared_arrays.write_actions(host.shared, positions, acts):
+                    acts = None
+                method, args = "shared_step", (positions, acts)
+                decode = functools.partial(shared_arrays.read_batch, host.shared)
+            message = (method, *args) if epoch is None else ("fenced", epoch, method, *args)
+            return chan.call(message, decode)
         if epoch is not None:
             return host.handle.fenced.remote(epoch, method, *args)
         return getattr(host.handle, method).remote(*args)
@@ -300,14 +312,34 @@ class ActorSet:
                     host.channel = channel.Channel(*where)
             except Exception:  # a dead actor surfaces through the Ray call instead
                 host.channel = None
+            if host.channel is not None and self.transport == "auto":
+                host.shared = self._open_shared(host.channel)
         if host.channel is not None and host.channel.closed:
             return None
         return host.channel
 
+    def _open_shared(self, chan: channel.Channel) -> shared_arrays.SharedArrays | None:
+        """Shared arrays with the host at the channel's other end; None: keep pickling.
+
+        This side names the segment and unlinks the name once both ends mapped it,
+        so no process death can leave it in /dev/shm.
+        """
+        name = shared_arrays.new_name()
+        try:
+            where = channel.get(chan.call(("open_shared", name)), self._ray)
+            return None if where is None else shared_arrays.SharedArrays(name, *where,
+                                                                         create=False)
+        except Exception:  # an older host, or it died: the socket path still works
+            return None
+        finally:
+            shared_arrays.unlink(name)
+
     def _drop_channel(self, host: Host) -> None:
         if host.channel is not None:
             host.channel.close()
-        host.channel, host.channel_tried = None, False
+        if host.shared is not None:
+            host.shared.close()
+        host.channel, host.channel_tried, host.shared = None, False, None
 
     def _get(self, ref: Any) -> Any:
         return channel.get(ref, self._ray)

@@ -101,7 +101,7 @@ class Assembler:
             if all_infos[src]:
                 infos = merger._add_info(infos, all_infos[src], j)
         if self.box_obs:
-            obs = self.observations[ids].copy()
+            obs = self.observations[ids]  # fancy indexing copies
         else:
             buf: Any = create_empty_array(self.space, m, fn=np.zeros)
             obs = concatenate(self.space, [self.env_obs[int(e)] for e in ids], buf)

@@ -133,12 +133,15 @@ class ChannelServer:
     """Serves ``handler(message)`` to the drivers that connect (one thread each).
 
     The handler runs on the connection's thread; the host serialises it with its
-    Ray-called methods under one lock.
+    Ray-called methods under one lock. ``on_disconnect()`` runs on that thread when
+    its driver goes, so per-connection state (thread-local) can be released.
     """
 
     def __init__(self, handler: Callable[[Any], Any],
-                 auth_timeout_s: float = AUTH_TIMEOUT_S) -> None:
+                 auth_timeout_s: float = AUTH_TIMEOUT_S,
+                 on_disconnect: Callable[[], None] | None = None) -> None:
         self._handler = handler
+        self._on_disconnect = on_disconnect
         self._auth_timeout_s = auth_timeout_s
         self._dir = tempfile.mkdtemp(prefix="envpool-chan-")  # mkdtemp: mode 0700
         self.address = os.path.join(self._dir, "s")
@@ -168,6 +171,13 @@ class ChannelServer:
         except (OSError, AuthenticationError):  # wrong key, silent or gone: drop it
             sock.close()
             return
+        try:
+            self._serve_calls(sock)
+        finally:
+            if self._on_disconnect is not None:
+                self._on_disconnect()
+
+    def _serve_calls(self, sock: socket.socket) -> None:
         with Connection(sock.detach()) as conn:
             while True:
                 try:
@@ -203,12 +213,17 @@ class ChannelServer:
 
 
 class ChannelCall:
-    """One call sent over a :class:`Channel`; stands in for a Ray ``ObjectRef``."""
+    """One call sent over a :class:`Channel`; stands in for a Ray ``ObjectRef``.
 
-    __slots__ = ("channel", "done", "error", "value")
+    ``decode(value)`` runs on the reply as it is read (shared-memory calls copy their
+    rows out then, before the env can be sent again).
+    """
 
-    def __init__(self, channel: Channel) -> None:
+    __slots__ = ("channel", "decode", "done", "error", "value")
+
+    def __init__(self, channel: Channel, decode: Callable[[Any], Any] | None = None) -> None:
         self.channel = channel
+        self.decode = decode
         self.done = False
         self.value: Any = None
         self.error: BaseException | None = None
@@ -233,8 +248,8 @@ class Channel:
         self._ids = itertools.count(1)
         self.closed = False
 
-    def call(self, message: Any) -> ChannelCall:
-        call = ChannelCall(self)
+    def call(self, message: Any, decode: Callable[[Any], Any] | None = None) -> ChannelCall:
+        call = ChannelCall(self, decode)
         if self.closed:
             call.done, call.error = True, ChannelClosedError("the channel was closed")
             return call
@@ -278,8 +293,14 @@ class Channel:
             return
         if status == _ERR:
             call.error = value
-        else:
+        elif call.decode is None:
             call.value = value
+        else:
+            try:
+                call.value = call.decode(value)
+            except Exception as exc:
+                call.error = ResultDecodeError(
+                    f"the actor's reply could not be read here: {type(exc).__name__}: {exc}")
 
     def _fail_all(self, error: BaseException) -> None:
         self.close()

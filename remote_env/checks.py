@@ -19,7 +19,7 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space, iterate
 # Array action spaces are split by slicing the batched array (no per-env Python loop).
 ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
                 gym.spaces.MultiBinary)
-TRANSPORTS = ("auto", "ray")
+TRANSPORTS = ("auto", "pickle", "ray")
 
 
 def positive_int(name: str, value: Any) -> None:
@@ -44,8 +44,9 @@ def options(*, envs_per_actor: Any, threads_per_actor: Any, max_restarts: Any,
         raise ValueError(f"restart_backoff_s must be >= 0, got {restart_backoff_s}")
     if transport not in TRANSPORTS:
         raise ValueError(
-            f"transport must be 'auto' (a Unix socket to actors on this node, Ray calls to "
-            f"others) or 'ray' (Ray calls only), got {transport!r}"
+            f"transport must be 'auto' (shared memory and a Unix socket to actors on this "
+            f"node, Ray calls to others), 'pickle' (the socket alone, arrays pickled) or 'ray' "
+            f"(Ray calls only), got {transport!r}"
         )
     if isinstance(observation_mode, tuple) and len(observation_mode) == 2:
         if not all(isinstance(s, gym.spaces.Space) for s in observation_mode):

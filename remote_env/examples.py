@@ -225,6 +225,21 @@ class AllDictCounterEnv:
         return obs, rew, terms, truncs, {a: {} for a in actions}
 
 
+class SparseInfoCartPole(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole whose step info is ``{"t": steps so far}`` every ``every``-th step, else
+    empty: infos that are rare, as most envs' are (tests their exact ``_t`` masks)."""
+
+    def __init__(self, every: int = 5) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self._every = every
+        self.t = 0
+
+    def step(self, action: Any) -> Any:
+        obs, rew, term, trunc, _ = self.env.step(action)
+        self.t += 1
+        return obs, rew, term, trunc, ({"t": self.t} if self.t % self._every == 0 else {})
+
+
 class BusyCartPole(gym.Wrapper[Any, Any, Any, Any]):
     """CartPole burning ``cpu_ms`` of CPU per step (a CPU-bound simulator)."""
 

@@ -76,10 +76,13 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
             that wait on I/O or release the GIL). Envs with ``async def astep`` and
             ``areset`` need none: they are awaited together on one event loop per
             actor (``async_steps`` says whether they were).
-        transport: how step/reset reach the actors. ``"auto"`` (default): over a
-            Unix socket for actors on the driver's node (~0.2 ms a round trip instead
-            of a Ray call's ~1-2 ms), Ray calls for actors on other nodes. ``"ray"``:
-            Ray calls only. Either way Ray creates, supervises and kills the actors.
+        transport: how step/reset reach the actors. ``"auto"`` (default): for
+            actors on the driver's node, observations, rewards, flags and actions in
+            shared memory laid out like the batched spaces, with a Unix socket (~0.2 ms
+            a round trip instead of a Ray call's ~1-2 ms) saying "batch ready" and
+            carrying infos and errors; Ray calls for actors on other nodes.
+            ``"pickle"``: the socket alone, arrays pickled through it. ``"ray"``: Ray
+            calls only. Either way Ray creates, supervises and kills the actors.
         existing_actors: ``SubEnvHost`` actors (from :meth:`host_class`) or env
             actors to use as-is for the first envs; only the missing ones are created.
             Existing actors are not killed on :meth:`close`.
@@ -162,7 +165,7 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
         self._ray = ray_connect.connect(address)
         self.transport = transport
         self._node_id = (
-            self._ray.get_runtime_context().get_node_id() if transport == "auto" else None
+            self._ray.get_runtime_context().get_node_id() if transport != "ray" else None
         )
         if envs_per_actor is None:
             cpus = max(1, int(self._ray.cluster_resources().get("CPU", 1)))

@@ -1,12 +1,15 @@
 """``envpool bench``: one workload through every implementation, in one process run.
 
 Implementations (JSON keys): ``remote_env`` (best config), ``remote_env_defaults``,
-``gymnasium_sync``, ``gymnasium_async``, ``rllib_remote_base_env`` (needs the
-``bench`` extra), and for ``sleep1ms`` also ``remote_env_async``: the same wait
-awaited (the env's ``astep``) instead of blocking a thread, which only remote_env
-can use. They run alternately for ``--reps`` rounds of ``--seconds`` each
-and the median steps/s is reported, with ratios to each peer and to the workload's
-physical limit on this machine.
+``remote_env_pickle`` and ``remote_env_ray`` (defaults over the pickling socket and
+over Ray calls only: the older data paths), ``gymnasium_sync``,
+``gymnasium_async``, ``rllib_remote_base_env`` (needs the ``bench`` extra), and for
+``sleep1ms`` also ``remote_env_async``: the same wait awaited (the env's ``astep``)
+instead of blocking a thread, which only remote_env can use. ``limit`` is the
+machine's, measured in the same rotation (:mod:`remote_env.cli.bench_limit`). They
+run alternately for ``--reps`` rounds of ``--seconds`` each; the median steps/s and
+µs of CPU per env-step are reported, with ratios to each peer and to the limit.
+Progress and an estimate of the time left go to stderr.
 """
 
 from __future__ import annotations
@@ -21,219 +24,187 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from remote_env import examples
+from remote_env.checks import TRANSPORTS
+from remote_env.cli import bench_limit, bench_runners
+from remote_env.cli.bench_runners import run_gymnasium, run_remote_env
 
-WORKLOADS = ("cartpole", "cpu1ms", "sleep1ms", "image")
-IMPLS = ("remote_env", "remote_env_async", "remote_env_defaults", "gymnasium_sync",
-         "gymnasium_async", "rllib_remote_base_env")
-
-
-def make_env_fn(workload: str) -> Callable[[], Any]:
-    if workload == "cartpole":
-        return functools.partial(gym.make, "CartPole-v1")
-    if workload == "cpu1ms":
-        return functools.partial(examples.BusyCartPole, 1.0)
-    if workload == "sleep1ms":
-        return functools.partial(examples.make_slow_cartpole, 1.0)
-    if workload == "image":
-        return examples.ImageEnv
-    raise ValueError(f"unknown workload {workload!r}; expected one of {', '.join(WORKLOADS)}")
-
-
-def make_async_env_fn(workload: str) -> Callable[[], Any] | None:
-    """The workload's env with ``astep``/``areset`` (same wait, awaited), if it has one."""
-    if workload == "sleep1ms":
-        return functools.partial(examples.make_async_slow_cartpole, 1.0)
-    return None
+WORKLOADS = bench_runners.WORKLOADS
+#: ``limit`` is the machine's (see :mod:`remote_env.cli.bench_limit`), run alongside.
+IMPLS = ("remote_env", "remote_env_async", "remote_env_defaults", "remote_env_pickle",
+         "remote_env_ray", "gymnasium_sync", "gymnasium_async", "rllib_remote_base_env",
+         "limit")
+PEERS = ("gymnasium_sync", "gymnasium_async", "rllib_remote_base_env")
+# re-exported: tests and scripts call these through this module
+make_env_fn = bench_runners.make_env_fn
+make_async_env_fn = bench_runners.make_async_env_fn
+best_config = bench_runners.best_config
+async_config = bench_runners.async_config
+# A guess per run before one has been timed, beyond its --seconds: start-up and
+# teardown. RLlib's RemoteBaseEnv starts one actor per env, ~4.5 s each here.
+_PRIOR_S = {"gymnasium_sync": 1.0, "gymnasium_async": 3.0, "limit": 5.0}
 
 
-def async_config(num_envs: int, cpus: int) -> dict[str, Any]:
-    """Awaiting envs cost little CPU while they wait: two actors per core overlap one
-    actor's waits with the other's steps (16 envs/actor: 11.6k steps/s at 64 envs,
-    against 10.3k with 32 and 8.6k with 8)."""
-    per_actor = -(-num_envs // max(1, min(2 * cpus, num_envs)))
-    return {"envs_per_actor": per_actor, "batch_wait_ms": 0.0}
+def _prior_s(impl: str, n: int) -> float:
+    if impl == "rllib_remote_base_env":
+        return 4.5 * n
+    return _PRIOR_S.get(impl, 5.0)
 
 
-def best_config(workload: str, num_envs: int, cpus: int) -> dict[str, Any]:
-    """What we would tell a user to pick for this workload (see README).
+class Progress:
+    """Says on stderr which run is next and how long the rest should take."""
 
-    A Ray call costs ~1-3 ms here, so about one actor per core (few, large calls);
-    I/O-bound envs also overlap their waits on threads inside the actor.
-    """
-    per_actor = -(-num_envs // max(1, min(cpus, num_envs)))
-    cfg: dict[str, Any] = {"envs_per_actor": per_actor, "batch_wait_ms": 0.0}
-    if workload == "sleep1ms":
-        cfg["threads_per_actor"] = per_actor
-    return cfg
+    def __init__(self, say: Callable[[str], None], workload: str, n: int, seconds: float,
+                 reps: int, impls: list[str]) -> None:
+        self._say, self._seconds, self._n = say, seconds, n
+        self._tag = f"[{workload} n={n}]"
+        self._took: dict[str, float] = {}
+        self._left = [i for _ in range(reps) for i in impls]
+        self._say(f"{self._tag} {len(impls)} implementations x {reps} reps x {seconds:g} s: "
+                  f"about {self._eta()} (RLlib's estimate assumes ~4.5 s per actor start)"
+                  if "rllib_remote_base_env" in impls else
+                  f"{self._tag} {len(impls)} implementations x {reps} reps x {seconds:g} s: "
+                  f"about {self._eta()}")
 
+    def _eta(self) -> str:
+        s = sum(self._took.get(i, self._seconds + _prior_s(i, self._n)) for i in self._left)
+        return f"{s / 60:.1f} min" if s >= 90 else f"{s:.0f} s"
 
-# ------------------------------------------------------------------ runners
-def _actions(space: gym.Space[Any], n: int, k: int = 64) -> list[np.ndarray]:
-    space.seed(0)
-    return [np.stack([space.sample() for _ in range(n)]) for _ in range(k)]
+    def starting(self, impl: str, rep: int, reps: int) -> None:
+        self._say(f"{self._tag} rep {rep}/{reps} {impl} ... ({self._eta()} left)")
 
-
-def run_remote_env(fn: Callable[[], Any], n: int, seconds: float, cfg: dict[str, Any]) -> float:
-    from remote_env.vector import RemoteVectorEnv
-
-    envs = RemoteVectorEnv([fn] * n, **cfg)
-    try:
-        acts = _actions(envs.single_action_space, n)
-        envs.reset(seed=0)  # every actor is up and every env answered once
-        envs.send(acts[0])
-        steps, i = 0, 0
-        t0 = time.perf_counter()
-        while True:
-            ids = envs.recv()[4]["env_id"]
-            steps += len(ids)
-            if time.perf_counter() - t0 >= seconds:
-                break
-            i += 1
-            envs.send(acts[i % len(acts)][: len(ids)], ids)
-        return steps / (time.perf_counter() - t0)
-    finally:
-        envs.close()
+    def done(self, impl: str, rep: int, reps: int, sps: float, cpu_us: float | None,
+             took: float) -> None:
+        self._took[impl] = took
+        self._left.remove(impl)
+        cpu = "" if cpu_us is None else f", {cpu_us:.1f} us CPU/step"
+        self._say(f"{self._tag} rep {rep}/{reps} {impl}: {sps:,.0f} steps/s{cpu} "
+                  f"(took {took:.1f} s; {self._eta()} left)")
 
 
-def run_gymnasium(fn: Callable[[], Any], n: int, seconds: float, cls: str) -> float:
-    vec_cls = gym.vector.SyncVectorEnv if cls == "sync" else gym.vector.AsyncVectorEnv
-    envs = vec_cls([fn] * n)
-    try:
-        acts = _actions(envs.single_action_space, n)
-        envs.reset(seed=0)
-        envs.step(acts[0])
-        steps, i = 0, 0
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            envs.step(acts[i % len(acts)])
-            i += 1
-            steps += n
-        return steps / (time.perf_counter() - t0)
-    finally:
-        envs.close()
-
-
-def run_rllib(fn: Callable[[], Any], n: int, seconds: float) -> float:
-    from ray.rllib.env.remote_base_env import RemoteBaseEnv
-
-    env: Any = RemoteBaseEnv(lambda _idx: fn(), num_envs=n, multiagent=False,
-                             remote_env_batch_wait_ms=0)
-    try:
-        space = fn().action_space
-        space.seed(0)
-        pool = [space.sample() for _ in range(256)]
-        # warm-up: until every env has answered once (its actors are up)
-        seen: set[Any] = set()
-        deadline = time.monotonic() + 120
-        while len(seen) < n and time.monotonic() < deadline:
-            obs: Any = env.poll()[0]
-            seen |= set(obs)
-            env.send_actions({e: {a: pool[0] for a in ag} for e, ag in obs.items()})
-        steps, i = 0, 0
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            obs = env.poll()[0]
-            i += 1
-            steps += len(obs)
-            env.send_actions({e: {a: pool[(i + int(e)) % 256] for a in ag} for e, ag in obs.items()})
-        return steps / (time.perf_counter() - t0)
-    finally:
-        env.stop()
-
-
-def _rllib_available() -> str | None:
-    try:
-        import ray.rllib.env.remote_base_env  # noqa: F401
-    except Exception as exc:  # ImportError or a missing optional dependency
-        return f"{type(exc).__name__}: {exc} (pip install 'envpool-k8s[bench]')"
-    return None
-
-
-def limit(workload: str, n: int, cpus: int, sync_sps: float | None) -> tuple[float | None, str]:
-    if workload == "cpu1ms":
-        return cpus * 1000.0, f"{cpus} cores x 1000 steps/s"
-    if workload == "sleep1ms":
-        return n * 1000.0, f"{n} envs x 1000 steps/s"
-    return sync_sps, "in-process SyncVectorEnv (no IPC)"
+def _impls(workload: str, impls: list[str], skipped: dict[str, str]) -> list[str]:
+    if "remote_env_async" in impls and make_async_env_fn(workload) is None:
+        skipped["remote_env_async"] = f"the {workload} env has no awaitable (astep) variant"
+    if "rllib_remote_base_env" in impls:
+        why = bench_runners.rllib_available()
+        if why:
+            skipped["rllib_remote_base_env"] = why
+    return [i for i in impls if i not in skipped]
 
 
 def bench(workload: str, n: int, seconds: float, reps: int, impls: list[str],
-          cpus: int, progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+          cpus: int, progress: Callable[[str], None] = lambda _m: None,
+          address: str | None = None, worker_niceness: int | None = None) -> dict[str, Any]:
+    """Every implementation in ``impls`` (and the machine limit) on one workload.
+
+    ``limit`` is P = ``cpus`` processes stepping the workload in-process (for
+    ``sleep1ms`` awaiting it: the awaited limit), measured in the same rotation.
+    """
     import ray
 
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False)
+        if address:  # a running cluster (e.g. several `ray start` nodes on this machine)
+            ray.init(address=address)
+        else:
+            # Ray starts its workers at nice 15: on a busy machine they get a sliver of a
+            # core next to nice-0 processes (the limit's, gymnasium's). Say so, or even it out.
+            system = {} if worker_niceness is None else {"worker_niceness": worker_niceness}
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                     _system_config=system)
     fn = make_env_fn(workload)
     cfg = best_config(workload, n, cpus)
-    skipped: dict[str, str] = {}
     async_fn = make_async_env_fn(workload)
     async_cfg = async_config(n, cpus)
-    if "remote_env_async" in impls and async_fn is None:
-        skipped["remote_env_async"] = f"the {workload} env has no awaitable (astep) variant"
-        impls = [i for i in impls if i != "remote_env_async"]
-    if "rllib_remote_base_env" in impls:
-        why = _rllib_available()
-        if why:
-            skipped["rllib_remote_base_env"] = why
-            impls = [i for i in impls if i != "rllib_remote_base_env"]
-    runners: dict[str, Callable[[], float]] = {
+    skipped: dict[str, str] = {}
+    impls = _impls(workload, impls, skipped)
+    awaited_limit = async_fn is not None
+    runners: dict[str, Callable[[], bench_runners.Run]] = {
         "remote_env": lambda: run_remote_env(fn, n, seconds, cfg),
         "remote_env_async": lambda: run_remote_env(async_fn, n, seconds, async_cfg),  # type: ignore[arg-type]
         "remote_env_defaults": lambda: run_remote_env(fn, n, seconds, {}),
+        # the older data paths, at the defaults: compare with remote_env_defaults
+        "remote_env_pickle": lambda: run_remote_env(fn, n, seconds, {"transport": "pickle"}),
+        "remote_env_ray": lambda: run_remote_env(fn, n, seconds, {"transport": "ray"}),
         "gymnasium_sync": lambda: run_gymnasium(fn, n, seconds, "sync"),
         "gymnasium_async": lambda: run_gymnasium(fn, n, seconds, "async"),
-        "rllib_remote_base_env": lambda: run_rllib(fn, n, seconds),
+        "rllib_remote_base_env": lambda: bench_runners.run_rllib(fn, n, seconds),
+        "limit": lambda: bench_limit.measure(workload, n, cpus, seconds, awaited=awaited_limit),
     }
     samples: dict[str, list[float]] = {i: [] for i in impls}
-    for rep in range(reps):
+    cpu_samples: dict[str, list[float]] = {i: [] for i in impls}
+    driver_samples: dict[str, list[float]] = {i: [] for i in impls}
+    shown = Progress(progress, workload, n, seconds, reps, impls)
+    for rep in range(1, reps + 1):
         # alternate the order so drift (thermal, other load) spreads over all
-        order = impls if rep % 2 == 0 else list(reversed(impls))
+        order = impls if rep % 2 == 1 else list(reversed(impls))
         for impl in order:
-            sps = runners[impl]()
+            shown.starting(impl, rep, reps)
+            t0 = time.perf_counter()
+            sps, cpu_us, driver_us = runners[impl]()
             samples[impl].append(sps)
-            progress(f"[{workload} n={n} rep {rep + 1}/{reps}] {impl}: {sps:,.0f} steps/s")
-    results = {i: statistics.median(v) for i, v in samples.items()}
-    lim, lim_how = limit(workload, n, cpus, results.get("gymnasium_sync"))
+            cpu_samples[impl].append(cpu_us)
+            driver_samples[impl].append(driver_us)
+            shown.done(impl, rep, reps, sps, cpu_us, time.perf_counter() - t0)
+    medians = {i: statistics.median(v) for i, v in samples.items()}
+    lim = medians.pop("limit", None)
+    procs = len(bench_limit.split(n, cpus))
+    how = (f"{procs} processes x {n // procs}+ envs in-process, no IPC"
+           + (" (awaited: astep on one event loop each)" if awaited_limit else " (SyncVectorEnv)"))
     return {
         "workload": workload,
         "num_envs": n,
         "seconds": seconds,
         "cpus": cpus,
-        "results": results,
+        "ray_worker_niceness": worker_niceness if worker_niceness is not None else "ray default",
+        "results": medians,
         "limit": lim,
-        "config": {"remote_env": cfg, "remote_env_async": async_cfg, "reps": reps, "limit": lim_how,
-                   "samples": samples, "skipped": skipped},
+        "cpu_us_per_step": {i: statistics.median(v) for i, v in cpu_samples.items()},
+        # the driver's share of it (for the limit: 0, each process steps its own)
+        "driver_cpu_us_per_step": {i: statistics.median(v) for i, v in driver_samples.items()},
+        # what earlier benches called the limit (see bench_limit.yardsticks)
+        "yardsticks": bench_limit.yardsticks(workload, n, cpus, medians.get("gymnasium_sync")),
+        "config": {"remote_env": cfg, "remote_env_async": async_cfg, "reps": reps,
+                   "limit": how if "limit" in impls else "not measured (--impl without limit)",
+                   "samples": samples, "cpu_samples": cpu_samples,
+                   "driver_cpu_samples": driver_samples, "skipped": skipped},
     }
 
 
 def table(report: dict[str, Any]) -> str:
     res: dict[str, float] = report["results"]
-    peers = [p for p in ("gymnasium_sync", "gymnasium_async", "rllib_remote_base_env") if p in res]
+    cpu: dict[str, float] = report.get("cpu_us_per_step", {})
+    lim = report["limit"]
+    peers = [p for p in PEERS if p in res]
     lines = [f"workload={report['workload']} num_envs={report['num_envs']} cpus={report['cpus']} "
-             f"limit={_fmt(report['limit'])} ({report['config']['limit']}), median of "
+             f"limit={_fmt(lim)} ({report['config']['limit']}), median of "
              f"{report['config']['reps']} x {report['seconds']}s"]
-    head = f"{'implementation':24}{'steps/s':>12}" + "".join(f"{'x ' + p:>26}" for p in peers)
-    head += f"{'x limit':>10}"
+    drv: dict[str, float] = report.get("driver_cpu_us_per_step", {})
+    head = f"{'implementation':24}{'steps/s':>12}{'us CPU/step':>13}{'(driver)':>10}"
+    head += "".join(f"{'x ' + p:>26}" for p in peers) + f"{'x limit':>10}"
     lines.append(head)
-    for impl, sps in res.items():
-        row = f"{impl:24}{sps:12,.0f}" + "".join(f"{sps / res[p]:26.2f}" for p in peers)
-        row += f"{sps / report['limit']:10.2f}" if report["limit"] else f"{'-':>10}"
+    rows = list(res.items()) + ([("limit", lim)] if lim else [])
+    for impl, sps in rows:
+        row = f"{impl:24}{sps:12,.0f}{_fmt(cpu.get(impl), '.1f'):>13}"
+        row += f"{_fmt(drv.get(impl), '.1f'):>10}"
+        row += "".join(f"{sps / res[p]:26.2f}" for p in peers)
+        row += f"{sps / lim:10.2f}" if lim else f"{'-':>10}"
         lines.append(row)
+    old = ", ".join(f"{k}={_fmt(v)}" for k, v in report.get("yardsticks", {}).items())
+    if old:
+        lines.append(f"earlier yardsticks: {old}")
     for impl, why in report["config"]["skipped"].items():
         lines.append(f"{impl:24} not run: {why}")
     return "\n".join(lines)
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.0f}"
+def _fmt(x: float | None, how: str = ",.0f") -> str:
+    return "-" if x is None else format(x, how)
 
 
 # ------------------------------------------------------------------ extras
-def rss_per_env(n: int, envs_per_actor: int, cpus: int) -> dict[str, Any]:
+def rss_per_env(n: int, envs_per_actor: int, cpus: int, transport: str = "auto") -> dict[str, Any]:
     """Peak RSS (VmHWM) of the env actor processes per CartPole sub-env (Linux /proc)."""
     import ray
 
@@ -242,6 +213,7 @@ def rss_per_env(n: int, envs_per_actor: int, cpus: int) -> dict[str, Any]:
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=cpus, include_dashboard=False)
     envs = RemoteVectorEnv([make_env_fn("cartpole")] * n, envs_per_actor=envs_per_actor,
+                           transport=transport,
                            actor_options={"num_cpus": 0})
     try:
         envs.reset(seed=0)
@@ -249,8 +221,8 @@ def rss_per_env(n: int, envs_per_actor: int, cpus: int) -> dict[str, Any]:
         pids = ray.get([a.ping.remote() for a in envs.actors])
         rss = sum(_peak_rss(p) for p in pids)
         driver = _peak_rss(os.getpid())
-        return {"num_envs": n, "envs_per_actor": envs_per_actor, "actors": len(pids),
-                "actor_rss_mib": rss / 2**20, "rss_per_env_kib": rss / n / 1024,
+        return {"num_envs": n, "transport": transport, "envs_per_actor": envs_per_actor,
+                "actors": len(pids), "actor_rss_mib": rss / 2**20, "rss_per_env_kib": rss / n / 1024,
                 "driver_rss_mib": driver / 2**20}
     finally:
         envs.close()
@@ -264,7 +236,8 @@ def _peak_rss(pid: int) -> int:
     raise RuntimeError(f"no VmHWM for pid {pid}")
 
 
-def recv_latency(batch_wait_ms: float, n: int, cpus: int, polls: int = 300) -> dict[str, Any]:
+def recv_latency(batch_wait_ms: float, n: int, cpus: int, polls: int = 300,
+                 transport: str = "auto") -> dict[str, Any]:
     """recv() latency with one straggler env always busy: the batch window in action."""
     import ray
 
@@ -274,7 +247,8 @@ def recv_latency(batch_wait_ms: float, n: int, cpus: int, polls: int = 300) -> d
         ray.init(address="local", num_cpus=cpus, include_dashboard=False)
     fast = functools.partial(examples.make_slow_cartpole, 0.0)
     slow = functools.partial(examples.make_slow_cartpole, 60_000.0)
-    envs = RemoteVectorEnv([slow] + [fast] * (n - 1), envs_per_actor=1, batch_wait_ms=batch_wait_ms)
+    envs = RemoteVectorEnv([slow] + [fast] * (n - 1), envs_per_actor=1, batch_wait_ms=batch_wait_ms,
+                           transport=transport)
     try:
         envs.reset(seed=0)
         envs.send(np.zeros(1, dtype=np.int64), [0])
@@ -288,8 +262,8 @@ def recv_latency(batch_wait_ms: float, n: int, cpus: int, polls: int = 300) -> d
                 got += envs.recv()[4]["env_id"].tolist()
             waits.append(time.perf_counter() - t0)
         w = np.asarray(waits) * 1000
-        return {"batch_wait_ms": batch_wait_ms, "num_envs": n, "p50_ms": float(np.percentile(w, 50)),
-                "p99_ms": float(np.percentile(w, 99))}
+        return {"batch_wait_ms": batch_wait_ms, "transport": transport, "num_envs": n,
+                "p50_ms": float(np.percentile(w, 50)), "p99_ms": float(np.percentile(w, 99))}
     finally:
         envs.close()
 
@@ -298,7 +272,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "bench", help="benchmark remote_env against gymnasium and RLlib on this machine",
         description="Runs one workload through each implementation alternately and reports "
-        "median steps/s with ratios to each peer and to the workload's physical limit.",
+        "median steps/s with ratios to each peer and to the machine's limit for the workload "
+        "(measured in the same run: one process per core stepping it in-process).",
     )
     p.add_argument("--workload", choices=WORKLOADS, default="cartpole")
     p.add_argument("--num-envs", type=int, nargs="+", default=[8, 64])
@@ -306,6 +281,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--impl", choices=IMPLS, nargs="+", default=list(IMPLS))
     p.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--address", help="a running Ray cluster to use (default: a fresh "
+                   "local Ray with --cpus CPUs)")
+    p.add_argument("--simulate-nodes", type=int, metavar="N",
+                   help="run on a Ray cluster of N simulated nodes on this machine (1 CPU "
+                   "each, ray.cluster_utils): the driver's node gets shared memory, the "
+                   "others Ray calls")
+    p.add_argument("--ray-worker-niceness", type=int, metavar="NICE",
+                   help="nice value of the local Ray's workers (Ray's default: 15; the limit "
+                   "and gymnasium's processes run at this process's, usually 0)")
+    p.add_argument("--transport", choices=TRANSPORTS, default="auto",
+                   help="remote_env's transport for --rss and --latency")
     p.add_argument("--json", action="store_true", help="print one JSON object per num_envs")
     p.add_argument("--rss", type=int, nargs="*", metavar="N",
                    help="instead: RSS per CartPole sub-env at these pool sizes")
@@ -330,15 +316,35 @@ def _main(args: argparse.Namespace, out: Any) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     if args.rss is not None or args.latency is not None:
-        rows = [rss_per_env(n, 256, args.cpus) for n in (args.rss or [])]
-        rows += [recv_latency(ms, 8, args.cpus) for ms in (args.latency or [])]
+        rows = [rss_per_env(n, 256, args.cpus, args.transport) for n in (args.rss or [])]
+        rows += [recv_latency(ms, 8, args.cpus, transport=args.transport)
+                 for ms in (args.latency or [])]
         for row in rows:
             print(json.dumps(row) if args.json else row, file=out, flush=True)
         return 0
-    for n in args.num_envs:
-        if n < 1:
-            raise SystemExit(f"envpool bench: --num-envs must be >= 1, got {n}")
-        report = bench(args.workload, n, args.seconds, args.reps, list(args.impl), args.cpus,
-                       progress)
-        print(json.dumps(report) if args.json else table(report), file=out, flush=True)
+    cluster = None
+    address = args.address
+    if args.simulate_nodes:
+        from ray.cluster_utils import Cluster
+
+        # fake nodes: each a raylet of its own claiming 1 CPU, all on this machine
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        for _ in range(args.simulate_nodes - 1):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        address = cluster.address
+    try:
+        for n in args.num_envs:
+            if n < 1:
+                raise SystemExit(f"envpool bench: --num-envs must be >= 1, got {n}")
+            report = bench(args.workload, n, args.seconds, args.reps, list(args.impl),
+                           args.cpus, progress, address, args.ray_worker_niceness)
+            report["simulated_nodes"] = args.simulate_nodes or None
+            print(json.dumps(report) if args.json else table(report), file=out, flush=True)
+    finally:
+        if cluster is not None:
+            import ray
+
+            ray.shutdown()
+            cluster.shutdown()  # type: ignore[no-untyped-call]
     return 0

@@ -20,15 +20,19 @@ def test_every_workload_runs_every_implementation(workload: str) -> None:
     report = bench.bench(workload, 2, 0.2, 1, list(bench.IMPLS), cpus=2)
     report = json.loads(json.dumps(report))
     assert report["workload"] == workload and report["num_envs"] == 2
-    expected = set(bench.IMPLS)
+    expected = set(bench.IMPLS) - {"limit"}
     if workload != "sleep1ms":  # the only workload whose env also has astep/areset
         expected.discard("remote_env_async")
         assert "no awaitable" in report["config"]["skipped"]["remote_env_async"]
     assert set(report["results"]) == expected, report["config"]["skipped"]
     assert all(v > 0 for v in report["results"].values())
-    assert report["limit"] > 0
+    # the limit is measured (2 processes stepping 1 env each), and so is its CPU
+    assert report["limit"] > 0 and len(report["config"]["samples"]["limit"]) == 1
+    assert set(report["cpu_us_per_step"]) == expected | {"limit"}
+    assert all(v > 0 for v in report["cpu_us_per_step"].values()), report["cpu_us_per_step"]
+    assert report["yardsticks"]["in_process_sync"] == report["results"]["gymnasium_sync"]
     text = bench.table(report)
-    assert "x gymnasium_async" in text and "remote_env" in text
+    assert "x gymnasium_async" in text and "remote_env" in text and "us CPU/step" in text
 
 
 def test_cli_json_shape() -> None:
@@ -39,10 +43,26 @@ def test_cli_json_shape() -> None:
         capture_output=True, text=True, timeout=300, cwd=REPO, check=True,
     )
     report = json.loads(out.stdout)
-    assert set(report) >= {"workload", "num_envs", "seconds", "cpus", "results", "limit", "config"}
+    assert set(report) >= {"workload", "num_envs", "seconds", "cpus", "results", "limit", "config",
+                           "cpu_us_per_step", "yardsticks"}
     assert set(report["results"]) == {"remote_env", "gymnasium_sync"}
-    assert report["limit"] == 2000.0  # 2 envs x 1000 steps/s for sleep1ms
-    assert "remote_env: " in out.stderr  # progress lines go to stderr
+    assert report["limit"] is None  # not asked for: --impl without limit
+    assert report["yardsticks"]["envs_x_1000"] == 2000.0  # the old sleep1ms yardstick
+    # progress on stderr: the plan with an estimate, then each run and the time left
+    assert "2 implementations x 1 reps x 0.2 s: about " in out.stderr, out.stderr
+    assert "rep 1/1 gymnasium_sync ... (" in out.stderr
+    assert "rep 1/1 remote_env: " in out.stderr and " left)" in out.stderr
+
+
+def test_limit_awaits_sleep1ms_and_splits_envs_over_processes() -> None:
+    from remote_env.cli import bench_limit
+
+    assert bench_limit.split(5, 2) == [3, 2] and bench_limit.split(1, 2) == [1]
+    sps, cpu_us, driver_us = bench_limit.measure("sleep1ms", 8, 2, 0.5, awaited=True)
+    # 8 envs awaiting 1 ms each: one round takes >= 1 ms, so at most ~8,000 steps/s;
+    # awaited (not 8 ms of sleeps in a row) it is well above SyncVectorEnv's 1,000
+    assert 1_500 < sps < 8_000, sps
+    assert 0 < cpu_us < 1_000 and driver_us == 0  # no driver: each process steps its own
 
 
 def test_rss_and_latency_reports() -> None:

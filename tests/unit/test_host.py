@@ -163,7 +163,7 @@ def test_env_with_only_one_async_method_is_stepped_synchronously() -> None:
 
 
 def test_a_thread_share_raising_outside_env_handling_reaches_the_caller() -> None:
-    from remote_env.host import _Gang
+    from remote_env.host_threads import Gang as _Gang
 
     gang = _Gang(3)
 

@@ -1,0 +1,151 @@
+"""How calls reach the actor besides Ray: its channel, lease fences, shared arrays.
+
+A driver on the actor's node steps it over a Unix socket (:mod:`remote_env.channel`)
+and, when the spaces batch into plain arrays, through shared memory
+(:mod:`remote_env.shared_arrays`): ``shared_step`` reads actions from and writes
+results into the connection's arrays and replies with only what is not an array.
+Pool trainers wrap hot calls in ``fenced(epoch, ...)`` so a lapsed lease cannot step
+envs another trainer now holds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from remote_env import errors, shared_arrays
+from remote_env._types import Batch
+from remote_env.host_steps import step_one
+
+if TYPE_CHECKING:
+    from remote_env.host import SubEnvHost
+
+# what a driver may call over a channel (the hot calls; lifecycle stays with Ray)
+FENCED_METHODS = frozenset({"step", "reset", "call", "set_attr", "shared_step"})
+CHANNEL_METHODS = FENCED_METHODS | {"fenced", "open_shared"}
+
+
+class HostTransport:
+    """Mixin of :class:`~remote_env.host.SubEnvHost`: its channel and shared arrays."""
+
+    _lock: threading.RLock
+    _channel: Any
+    _fence: int
+    _info: dict[str, Any] | None
+    _multi_agent: bool
+    _slots: list[Any]
+    # per connection (each is served on its own thread): that driver's shared arrays
+    _conn: threading.local
+
+    _map: Callable[[Callable[[int, Any], Coroutine[Any, Any, Any]], Sequence[int],
+                    Sequence[Any]], list[Any]]
+    _pack: Callable[..., Batch]
+
+    def open_channel(self, driver_node_id: str) -> tuple[str, bytes] | None:
+        """A Unix-socket channel for step/reset if the driver is on this node, else None.
+
+        See :mod:`remote_env.channel` for why; one channel serves many drivers.
+        """
+        try:
+            import ray
+
+            if ray.get_runtime_context().get_node_id() != driver_node_id:
+                return None
+        except Exception:  # not in a Ray actor (unit tests): no node to compare
+            return None
+        if self._channel is None:
+            from remote_env.channel import ChannelServer
+
+            self._channel = ChannelServer(self._serve_channel,
+                                          on_disconnect=self._release_shared)
+        return self._channel.address, self._channel.authkey
+
+    def _serve_channel(self, message: tuple[Any, ...]) -> Any:
+        name, *args = message
+        if name not in CHANNEL_METHODS:
+            raise ValueError(f"unknown channel call {name!r}; expected one of {sorted(CHANNEL_METHODS)}")
+        return getattr(self, name)(*args)
+
+    def fence(self, epoch: int) -> int:
+        """Refuse calls of leases older than ``epoch`` from now on (the pool's registry
+        calls it when it grants a lease); returns the fence."""
+        with self._lock:
+            self._fence = max(self._fence, int(epoch))
+            return self._fence
+
+    def fenced(self, epoch: int, method: str, *args: Any) -> Any:
+        """``method(*args)`` for the holder of lease ``epoch`` (pool trainers call this).
+
+        Raises:
+            LeaseLostError: a newer lease was granted on this actor.
+        """
+        if method not in FENCED_METHODS:
+            raise ValueError(f"unknown fenced call {method!r}; expected one of "
+                             f"{sorted(FENCED_METHODS)}")
+        with self._lock:  # the check and the call are one step for other callers
+            if epoch < self._fence:
+                raise errors.LeaseLostError(
+                    f"this actor's envs were leased to another trainer (lease epoch "
+                    f"{self._fence} > this call's {epoch}): the lease expired; attach again")
+            self._fence = epoch
+            return getattr(self, method)(*args)
+
+    # ------------------------------------------------------------ shared arrays
+    def open_shared(self, name: str) -> tuple[shared_arrays.Layout, int] | None:
+        """Create segment ``name`` for this connection's driver; None: not for these envs.
+
+        Only over a channel (its thread is the connection): the driver maps the
+        segment, unlinks its name, then calls :meth:`shared_step`.
+        """
+        info = self._info
+        if info is None or self._multi_agent or info["other_spaces"]:
+            return None  # per-env shapes differ, or results are dicts: keep pickling
+        where = shared_arrays.layout(info["observation_space"], info["action_space"],
+                                     len(self._slots))
+        if where is None:
+            return None
+        self._release_shared()
+        self._conn.arrays = shared_arrays.SharedArrays(name, *where, create=True)
+        self._conn.unlinked = False
+        return where
+
+    def shared_step(self, positions: Sequence[int], actions: Any = None) -> Batch:
+        """:meth:`step` through the shared arrays: actions read from them unless given,
+        results written into them; the reply holds only infos (if any) and failures."""
+        arrays = getattr(self._conn, "arrays", None)
+        if arrays is None:
+            raise RuntimeError("shared_step before open_shared on this connection")
+        if not self._conn.unlinked:  # the driver has mapped it: no name may outlive us
+            shared_arrays.unlink(arrays.name)
+            self._conn.unlinked = True
+        with self._lock:
+            if actions is None:
+                actions = arrays.actions[shared_arrays.rows(positions)].copy()
+            slots, host = self._slots, cast("SubEnvHost", self)
+            results = self._map(lambda p, a: step_one(host, slots[p], a), positions, actions)
+            return self._write_shared(arrays, positions, results)
+
+    def _write_shared(self, arrays: shared_arrays.SharedArrays, positions: Sequence[int],
+                      results: list[Any]) -> Batch:
+        if any(r[0] is None for r in results):  # out of restarts before any observation
+            return self._pack(positions, results, is_reset=False)
+        obs = arrays.obs
+        for p, r in zip(positions, results, strict=True):
+            obs[p] = r[0]
+        idx = shared_arrays.rows(positions)
+        arrays.rewards[idx] = [r[1] for r in results]
+        arrays.terminations[idx] = [bool(r[2]) for r in results]
+        arrays.truncations[idx] = [bool(r[3]) for r in results]
+        infos = [r[4] for r in results]
+        return Batch(list(positions), None, None, None, None,
+                     infos if any(infos) else [],  # all empty: nothing to ship
+                     [r[5] for r in results if r[5] is not None], False)
+
+    def _release_shared(self) -> None:
+        """Drop this connection's arrays (its driver is gone or opened new ones)."""
+        arrays = getattr(self._conn, "arrays", None)
+        if arrays is not None:
+            self._conn.arrays = None
+            shared_arrays.unlink(arrays.name)  # a driver that died before mapping it
+            arrays.close()

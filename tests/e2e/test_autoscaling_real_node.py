@@ -120,7 +120,9 @@ def test_an_autoscaled_pool_keeps_a_buffer_on_real_pods(journey: Journey) -> Non
     t1 = time.monotonic()
     j.kube.wait_until(lambda: j.epool()["spec"]["replicas"] == 8, timeout=DELAY_S + 120,
                       interval=1, what="back to minReplicas")
-    assert time.monotonic() - t1 >= DELAY_S - 2
+    # t1 is when this test saw the lease gone, through a kubectl exec of /status that
+    # takes seconds on a loaded node: later than the operator saw it, so allow for that
+    assert time.monotonic() - t1 >= DELAY_S - 8
     j.wait_ready(timeout=120, replicas=8)
     j.kube.wait_until(lambda: _workers(j) == 1 and _running_workers(j) == 1, timeout=180,
                       interval=1, what="back to one worker pod")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import yaml
@@ -365,7 +366,7 @@ def _worker_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -
 
 def _ray_cluster_spec(
     pool: spec_mod.PoolSpec, settings: settings_mod.Settings, workers: int,
-    spec_hash: str | None = None,
+    spec_hash: str | None = None, workers_to_delete: Sequence[str] = (),
 ) -> dict[str, Any]:
     env_units = pool.ray.worker.envs_per_worker
     head = _head_template(pool, settings)
@@ -396,6 +397,9 @@ def _ray_cluster_spec(
             # KubeRay passes this through as --resources='{"envpool_env": N}'.
             "rayStartParams": {"resources": json.dumps(json.dumps({spec_mod.ENV_RESOURCE: env_units}))},
             "template": worker,
+            # The pods to remove when the group shrinks (worker_plan): never one that
+            # hosts a leased env. KubeRay deletes them whatever replicas says.
+            "scaleStrategy": {"workersToDelete": list(workers_to_delete)},
         }],
     }
     if pool.ray.token_auth:
@@ -412,8 +416,11 @@ def cluster_hash(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> st
     batchWaitMs, autoresetMode, faultTolerance and suspend are not in it; they
     reach the running pool through the ConfigMap and the worker count.
     """
+    cluster = _ray_cluster_spec(pool, settings, workers=0)
+    for group in cluster["workerGroupSpecs"]:
+        group.pop("scaleStrategy")  # which pods go when shrinking: no new pods for that
     material = {
-        "cluster": _ray_cluster_spec(pool, settings, workers=0),
+        "cluster": cluster,
         "env": pool.to_manifest()["env"],
         "runtimeEnv": dict(pool.ray.runtime_env),
     }
@@ -421,7 +428,10 @@ def cluster_hash(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> st
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def build_ray_cluster(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> dict[str, Any]:
+def build_ray_cluster(
+    pool: spec_mod.PoolSpec, settings: settings_mod.Settings, *,
+    workers: tuple[int, Sequence[str]] | None = None,
+) -> dict[str, Any]:
     """The ``ray.io/v1`` RayCluster: a head (Ray + pool-server sidecar), one worker group.
 
     Worker replicas: enough workers for ``ceil(replicas / envsPerActor)`` actors
@@ -434,16 +444,55 @@ def build_ray_cluster(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) 
     ``envpool.dev/cluster-hash`` annotation in the pod templates, and KubeRay's
     ``upgradeStrategy: Recreate`` replaces the pods of the same RayCluster
     (same name, same head Service, so trainers' endpoint stays valid).
+    ``workers``: a :func:`worker_plan` to use instead of ``pool.workers``.
     """
     spec_hash = cluster_hash(pool, settings)
+    replicas, to_delete = workers if workers is not None else (pool.workers, ())
     return {
         "apiVersion": RAY_API_VERSION,
         "kind": "RayCluster",
         "metadata": _meta(
             pool, ray_cluster_name(pool.name), annotations={CLUSTER_HASH_ANNOTATION: spec_hash},
         ),
-        "spec": _ray_cluster_spec(pool, settings, workers=pool.workers, spec_hash=spec_hash),
+        "spec": _ray_cluster_spec(pool, settings, workers=replicas, spec_hash=spec_hash,
+                                  workers_to_delete=to_delete),
     }
+
+
+def worker_plan(
+    pool: spec_mod.PoolSpec, *, current: int | None, report: Mapping[str, Any] | None,
+) -> tuple[int, list[str]]:
+    """(worker replicas, worker pods to remove) for a RayCluster with ``current`` workers.
+
+    Growing, or without a fresh pool-server report that names this RayCluster's
+    worker pods, it is ``pool.workers`` and no names (KubeRay picks the pods).
+    Shrinking with one, only pods without a leased actor go, named in KubeRay's
+    ``scaleStrategy.workersToDelete`` (emptiest first, as the report orders them):
+    the group keeps every pod that hosts a leased env, and any pod it cannot name,
+    until a later report frees them. Without this KubeRay deletes random worker pods
+    when ``replicas`` drops, leased envs included.
+
+        >>> pool = spec_mod.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 64}, name="p")
+        >>> worker_plan(pool, current=3, report={"leasedWorkers": ["p-envs-worker-a"],
+        ...     "freeWorkers": ["p-envs-worker-c", "p-envs-worker-b"]})
+        (1, ['p-envs-worker-c', 'p-envs-worker-b'])
+        >>> worker_plan(pool, current=3, report={"leasedWorkers": ["p-envs-worker-a",
+        ...     "p-envs-worker-b"], "freeWorkers": ["p-envs-worker-c"]})
+        (2, ['p-envs-worker-c'])
+    """
+    want = pool.workers
+    if current is None or want >= current or report is None or pool.suspend:
+        return want, []
+    # Ray knows its nodes by host name, which is the pod's name in a pod; hosts that are
+    # not this group's pods (Ray outside Kubernetes) say nothing about them.
+    prefix = f"{ray_cluster_name(pool.name)}-{WORKER_GROUP}-"
+    held = {h for h in report.get("leasedWorkers") or () if str(h).startswith(prefix)}
+    free = [str(h) for h in report.get("freeWorkers") or () if str(h).startswith(prefix)]
+    if not held and not free:
+        return want, []
+    keep = max(want, len(held))
+    remove = free[:max(0, min(current - keep, len(free)))]
+    return current - len(remove), remove
 
 
 def build_network_policy(pool: spec_mod.PoolSpec) -> dict[str, Any]:
@@ -475,7 +524,8 @@ def build_network_policy(pool: spec_mod.PoolSpec) -> dict[str, Any]:
 
 
 def build_children(
-    pool: spec_mod.PoolSpec, settings: settings_mod.Settings,
+    pool: spec_mod.PoolSpec, settings: settings_mod.Settings, *,
+    workers: tuple[int, Sequence[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every child in apply order: RBAC and config before the pods that need them."""
     return [
@@ -484,5 +534,5 @@ def build_children(
         build_role_binding(pool),
         build_network_policy(pool),
         build_config_map(pool),
-        build_ray_cluster(pool, settings),
+        build_ray_cluster(pool, settings, workers=workers),
     ]

@@ -76,6 +76,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
         target=reconcile.resync_loop, name="envpool-resync", daemon=True,
         args=(runtime, memo.envpool_stop, logging.getLogger("envpool_operator.resync")),
     ).start()
+    threading.Thread(
+        target=reconcile.autoscale_loop, name="envpool-autoscale", daemon=True,
+        args=(runtime, memo.envpool_stop, logging.getLogger("envpool_operator.autoscale")),
+    ).start()
     logger.info(f"envpool operator: image={cfg.image} metrics_port={cfg.metrics_port} "
                 f"resync={cfg.resync_seconds:g}s")
 
@@ -127,9 +131,11 @@ def _status_only(body: kopf.Body, patch: kopf.Patch, runtime: reconcile.Runtime)
 
 @kopf.on.event(G, V, P)
 def pool_event_fn(
-    body: kopf.Body, type: str | None, patch: kopf.Patch, memo: kopf.Memo, **_: Any,
+    body: kopf.Body, type: str | None, patch: kopf.Patch, memo: kopf.Memo, logger: Any,
+    **_: Any,
 ) -> None:
-    """Keep the EnvPool cache fresh; turn pool-server reports into phase/conditions."""
+    """Keep the EnvPool cache fresh; turn pool-server reports into phase/conditions
+    and, for ``spec.autoscaling``, into a size (a lease report scales up at once)."""
     runtime = _runtime(memo)
     key = (body.metadata.namespace or "", body.metadata.name or "")
     if type == "DELETED":
@@ -140,6 +146,17 @@ def pool_event_fn(
     if body.metadata.deletion_timestamp or key not in runtime.ray_clusters:
         return  # nothing to report yet: the reconcile writes the first status
     _status_only(body, patch, runtime)
+    try:
+        reconcile.autoscale(key, runtime, logger)
+        # Worker pods kept for leased envs: once a report names pods without leases,
+        # shrink now rather than at the next spec change or resync.
+        pool = reconcile.parse(body, runtime.settings)
+        if reconcile.shrink_waiting(pool, body, runtime.ray_clusters.get(key)):
+            reconcile.reconcile_fresh(key, runtime, logger)
+    except spec_mod.SpecError:
+        pass  # the reconcile reports it (SpecValid=False)
+    except kube.ApiProblem as exc:
+        logger.warning(f"EnvPool {key[0]}/{key[1]}: {exc}; the next pass retries")
 
 
 @kopf.on.event("ray.io", "v1", "rayclusters", labels={builders.POOL_LABEL: kopf.PRESENT})

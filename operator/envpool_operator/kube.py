@@ -196,3 +196,16 @@ def patch_envpool_status(namespace: str, name: str, status: Mapping[str, Any]) -
         if exc.status == 404:
             return  # the EnvPool was deleted meanwhile
         raise problem_from_api_error(exc, f"patching EnvPool {namespace}/{name} status") from exc
+
+
+def scale_envpool(namespace: str, name: str, replicas: int) -> dict[str, Any] | None:
+    """Write ``spec.replicas`` through the scale subresource, as ``kubectl scale`` and an
+    HPA do (one path for every resizer). None when the EnvPool is gone."""
+    path = _path(spec_mod.API_VERSION, spec_mod.KIND, namespace, name) + "/scale"
+    try:
+        out = _request("PATCH", path, body={"spec": {"replicas": replicas}}, content_type=MERGE)
+    except k8s_exceptions.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise problem_from_api_error(exc, f"scaling EnvPool {namespace}/{name}") from exc
+    return dict(out or {})

@@ -76,6 +76,13 @@ class OperatorMetrics:
             "EnvPool status patches written by the operator.",
             registry=registry,
         )
+        self.scale_writes = prometheus_client.Counter(
+            "envpool_operator_autoscale_writes",
+            "spec.replicas written by the autoscaler through the scale subresource.",
+            ["direction"], registry=registry,
+        )
+        for direction in ("up", "down"):
+            self.scale_writes.labels(direction=direction)
         self._phases = _PhaseCollector()
         registry.register(self._phases)
 

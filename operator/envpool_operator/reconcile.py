@@ -13,12 +13,12 @@ import dataclasses
 import datetime
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import kopf
 
-from envpool_operator import builders, kube
+from envpool_operator import autoscaler, builders, kube
 from envpool_operator import metrics as metrics_mod
 from envpool_operator import settings as settings_mod
 from envpool_operator import status as status_mod
@@ -45,6 +45,10 @@ class Runtime:
     #: older body applied after a newer one would roll the spec back).
     pool_locks: dict[tuple[str, str], threading.RLock] = dataclasses.field(
         default_factory=dict)
+    #: Recent autoscaler recommendations of each autoscaled EnvPool (in memory: an
+    #: operator restart starts a fresh scale-down window, which only delays shrinking).
+    stabilizers: dict[tuple[str, str], autoscaler.Stabilizer] = dataclasses.field(
+        default_factory=dict)
 
     def pool_lock(self, key: tuple[str, str]) -> threading.RLock:
         with self.lock:
@@ -61,6 +65,7 @@ class Runtime:
             self.pools.pop(key, None)
             self.ray_clusters.pop(key, None)
             self.pool_locks.pop(key, None)
+            self.stabilizers.pop(key, None)
 
 
 def _now() -> datetime.datetime:
@@ -206,8 +211,6 @@ def _apply_children(
 ) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     name, namespace, uid = meta.get("name", ""), meta.get("namespace", ""), meta.get("uid", "")
-    children = builders.build_children(pool, runtime.settings)
-    kopf.adopt(children, owner=kopf.Body(cast(Any, copy.deepcopy(dict(body)))))
     try:
         # Checked first so a cluster without KubeRay gets no half-made children.
         if not kube.ray_api_available():
@@ -220,6 +223,9 @@ def _apply_children(
         if refusal is not None:
             mine = existing if existing is not None and _owned_by(existing, uid) else None
             raise _Stop(*refusal, ray_cluster=mine)
+        children = builders.build_children(pool, runtime.settings,
+                                           workers=workers_for(pool, body, existing))
+        kopf.adopt(children, owner=kopf.Body(cast(Any, copy.deepcopy(dict(body)))))
         if existing is None:
             # First creation: let the API server judge every child (quota,
             # RBAC, schema) before any is written, so a refusal leaves nothing
@@ -236,6 +242,30 @@ def _apply_children(
     except kube.ApiProblem as exc:
         raise _Stop(exc.problem, exc.delay) from None
     return rc
+
+
+def _current_workers(ray_cluster: Mapping[str, Any] | None) -> int | None:
+    groups = ((ray_cluster or {}).get("spec") or {}).get("workerGroupSpecs") or ()
+    for group in groups:
+        if group.get("groupName") == builders.WORKER_GROUP:
+            replicas = group.get("replicas")
+            return replicas if isinstance(replicas, int) else None
+    return None
+
+
+def workers_for(pool: spec_mod.PoolSpec, body: Mapping[str, Any],
+                ray_cluster: Mapping[str, Any] | None) -> tuple[int, list[str]]:
+    """:func:`builders.worker_plan` from the RayCluster as it is and a fresh pool report."""
+    report = status_mod.fresh_report(_status_of(body).get("pool"), _now())
+    return builders.worker_plan(pool, current=_current_workers(ray_cluster), report=report)
+
+
+def shrink_waiting(pool: spec_mod.PoolSpec, body: Mapping[str, Any],
+                   ray_cluster: Mapping[str, Any] | None) -> bool:
+    """The worker group holds pods it kept for leases that a new report lets go."""
+    current = _current_workers(ray_cluster)
+    replicas, remove = workers_for(pool, body, ray_cluster)
+    return current is not None and bool(remove) and replicas < current
 
 
 def refreshed_status(
@@ -313,22 +343,127 @@ def reconcile_fresh(key: tuple[str, str], runtime: Runtime, logger: Any) -> Outc
         return outcome
 
 
-def resync_loop(runtime: Runtime, stop: threading.Event, logger: Any) -> None:
-    """Every ``resync_seconds``, reconcile every known EnvPool (level-triggered repair).
+def every_pool(runtime: Runtime, stop: threading.Event, period: float,
+               fn: Callable[[tuple[str, str], Runtime, Any], object], what: str,
+               logger: Any) -> None:
+    """Every ``period`` seconds, ``fn(key, runtime, logger)`` for every known EnvPool.
 
     One loop for the whole operator rather than a kopf timer per object:
     kopf timers put a finalizer on every EnvPool, and a finalizer would block
-    deleting pools while the operator is down.
+    deleting pools while the operator is down. A pool's failure is logged and
+    the loop goes on to the next.
     """
-    while not stop.wait(runtime.settings.resync_seconds):
+    while not stop.wait(period):
         with runtime.lock:
             keys = sorted(runtime.pools)
         for key in keys:
             if stop.is_set():
                 return
             try:
-                reconcile_fresh(key, runtime, logger)
+                fn(key, runtime, logger)
             except kube.ApiProblem as exc:
-                logger.warning(f"resync of EnvPool {key[0]}/{key[1]}: {exc}")
+                logger.warning(f"{what} of EnvPool {key[0]}/{key[1]}: {exc}")
             except Exception:
-                logger.exception(f"resync of EnvPool {key[0]}/{key[1]} failed")
+                logger.exception(f"{what} of EnvPool {key[0]}/{key[1]} failed")
+
+
+def resync_loop(runtime: Runtime, stop: threading.Event, logger: Any) -> None:
+    """Every ``resync_seconds``, reconcile every known EnvPool (level-triggered repair)."""
+    every_pool(runtime, stop, runtime.settings.resync_seconds, reconcile_fresh, "resync",
+               logger)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleDecision:
+    """One autoscaler pass over an EnvPool: what it saw and what it asked for."""
+
+    current: int
+    leased: int | None  # None: no fresh pool-server report
+    recommended: int
+    replicas: int  # what spec.replicas should be; == current: nothing written
+
+
+def autoscale(key: tuple[str, str], runtime: Runtime, logger: Any,
+              now: float | None = None) -> ScaleDecision | None:
+    """Size EnvPool ``key`` from its last pool-server report (``spec.autoscaling``).
+
+    Reads the cached body (events keep it fresh), so a pass with nothing to change
+    makes no API call. A change goes through the scale subresource, the same path as
+    ``kubectl scale``; the spec update that follows runs the ordinary reconcile
+    (ConfigMap, RayCluster workers) and reaches the pool server through its watch.
+    Without a fresh report only the bounds are enforced. Returns None for pools
+    that are not autoscaled (or suspended, deleted, invalid).
+    """
+    now = time.monotonic() if now is None else now
+    with runtime.pool_lock(key):
+        with runtime.lock:
+            body = copy.deepcopy(runtime.pools.get(key))
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        try:
+            pool = parse(body, runtime.settings)
+        except spec_mod.SpecError:
+            return None
+        auto = pool.autoscaling
+        if auto is None or pool.suspend:
+            runtime.stabilizers.pop(key, None)
+            return None
+        report = status_mod.fresh_report(_status_of(body).get("pool"), _now())
+        current = pool.replicas
+        leased: int | None = None
+        if report is not None and "leasedEnvs" in report:
+            raw = report.get("leasedEnvs")
+            leased = raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
+            recommended = autoscaler.recommend(auto, leased=leased,
+                                               envs_per_actor=pool.envs_per_actor)
+            stab = runtime.stabilizers.setdefault(key, autoscaler.Stabilizer())
+            replicas = stab.decide(auto, current=current, recommended=recommended, now=now)
+        else:
+            recommended = replicas = max(auto.min_replicas, min(auto.max_replicas, current))
+        decision = ScaleDecision(current, leased, recommended, replicas)
+        if replicas != current:
+            if kube.scale_envpool(key[0], key[1], replicas) is None:
+                return decision  # deleted meanwhile
+            with runtime.lock:
+                cached = runtime.pools.get(key)
+                if cached is not None:  # until the watch brings the new body
+                    cached.setdefault("spec", {})["replicas"] = replicas
+            runtime.metrics.scale_writes.labels(
+                direction="up" if replicas > current else "down").inc()
+            logger.info(f"autoscaler: EnvPool {key[0]}/{key[1]} {current} -> {replicas} envs "
+                        f"({_why(auto, leased)})")
+        _report_decision(key, body, decision, auto)
+        return decision
+
+
+def _why(auto: spec_mod.Autoscaling, leased: int | None) -> str:
+    if leased is None:
+        return f"no fresh pool report: within [{auto.min_replicas}, {auto.max_replicas}]"
+    buffer = f"{auto.buffer_envs} free" if auto.buffer_envs is not None \
+        else f"{auto.buffer_percent}% free"
+    return f"{leased} leased + {buffer}, within [{auto.min_replicas}, {auto.max_replicas}]"
+
+
+def _report_decision(key: tuple[str, str], body: Mapping[str, Any], decision: ScaleDecision,
+                     auto: spec_mod.Autoscaling) -> None:
+    """``status.autoscaling``, patched only when the recommendation or the size changed."""
+    previous = _status_of(body).get("autoscaling") or {}
+    held = decision.replicas > decision.recommended
+    message = f"{decision.replicas} envs: {_why(auto, decision.leased)}" + (
+        f"; {decision.recommended} asked, held for scaleDownDelaySeconds="
+        f"{auto.scale_down_delay_seconds}" if held else "")
+    st: dict[str, Any] = {"recommendedReplicas": decision.recommended, "message": message}
+    if decision.replicas != decision.current:
+        st["lastScaleTime"] = status_mod.rfc3339(_now())
+    if any(previous.get(k) != v for k, v in st.items()):
+        kube.patch_envpool_status(key[0], key[1], {"autoscaling": st})
+
+
+def autoscale_loop(runtime: Runtime, stop: threading.Event, logger: Any) -> None:
+    """Every ``autoscale_seconds``, one :func:`autoscale` pass over every known EnvPool.
+
+    Reports trigger a pass of their own pool as they arrive; this loop lets a
+    scale-down delay run out when nothing changes, and enforces the bounds.
+    """
+    every_pool(runtime, stop, runtime.settings.autoscale_seconds, autoscale, "autoscaling",
+               logger)

@@ -35,6 +35,10 @@ class Settings:
     max_retry_seconds: float = 120.0
     #: Most worker pods a single EnvPool may ask for (a quota the CRD cannot know).
     max_workers_per_pool: int = 1000
+    #: Seconds between autoscaler passes over the autoscaled pools. A lease report
+    #: re-evaluates its pool at once (scale-ups are event-driven); the passes let
+    #: scale-down delays run out when no report arrives.
+    autoscale_seconds: float = 5.0
     #: imagePullPolicy for pods the operator creates.
     image_pull_policy: str = "IfNotPresent"
 
@@ -83,5 +87,6 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             env, "ENVPOOL_MAX_RETRY_SECONDS", Settings.max_retry_seconds),
         max_workers_per_pool=_int(
             env, "ENVPOOL_MAX_WORKERS_PER_POOL", Settings.max_workers_per_pool),
+        autoscale_seconds=_seconds(env, "ENVPOOL_AUTOSCALE_SECONDS", Settings.autoscale_seconds),
         image_pull_policy=env.get("ENVPOOL_IMAGE_PULL_POLICY", "").strip() or "IfNotPresent",
     )

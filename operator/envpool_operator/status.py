@@ -311,8 +311,13 @@ def compute_status(
         generation=generation,
     )
     report = fresh_report(pool_report, now)
+    # Lease counts only from a fresh report: a stale one would show (and size the
+    # pool for) leases that may be long gone. None removes them (merge patch).
+    leased_envs = free_envs = None
     if report is not None:
         ready_envs, sized_for = _int(report.get("readyEnvs")), _int(report.get("desiredEnvs"))
+        if "leasedEnvs" in report:
+            leased_envs, free_envs = _int(report.get("leasedEnvs")), _int(report.get("freeEnvs"))
     elif pool is not None and ray_cluster is not None:
         ready_envs = estimated_ready_envs(pool, ray_cluster)
         sized_for = 0 if pool.suspend else pool.replicas
@@ -331,6 +336,8 @@ def compute_status(
         # runs, else what the applied RayCluster is sized for.
         "replicas": sized_for,
         "readyEnvs": ready_envs,
+        "leasedEnvs": leased_envs,
+        "freeEnvs": free_envs,
         "desiredEnvs": pool.replicas if pool else None,
         "workers": pool.workers if pool else None,
         "selector": builders.selector(name),

@@ -367,28 +367,40 @@ class ActorSet:
             log.info("pool %s: scaled up to %d envs in %d actors", self.spec.name, total,
                      len(self.slots))
         elif total > desired:
-            excess = total - desired
-            # un-leased first, then the newest
-            order = sorted(self.slots.values(),
-                           key=lambda s: (s.slot in leased, -s.slot))
-            for s in order:
-                if excess == 0:
-                    break
-                if s.num_envs <= excess:
-                    kill(s.handle)
-                    del self.slots[s.slot]
-                    excess -= s.num_envs
-                    if s.slot in leased:
-                        log.warning("pool %s: scaled away %s, leased by %s", self.spec.name,
-                                    s.name, leased[s.slot])
-            if excess:
-                # no whole actor fits the excess: rebuild one with fewer envs
-                s = next(s for s in order if s.slot in self.slots and s.num_envs > excess)
-                s.num_envs -= excess
-                self.relaunch(s, after_failure=False)
+            self._scale_down(total - desired, leased)
+
+    def _scale_down(self, excess: int, leased: Mapping[int, str]) -> None:
+        """Remove ``excess`` envs from actors no trainer leases; never a leased one.
+
+        What leases hold stays until the lease ends (the next ticks finish the job), so
+        a size written from a slightly old lease count (the autoscaler's, an HPA's)
+        cannot take envs from a trainer. The newest free actors go first.
+        """
+        order = sorted((s for s in self.slots.values() if s.slot not in leased),
+                       key=lambda s: -s.slot)
+        removed = 0
+        for s in order:
+            if excess == 0:
+                break
+            if s.num_envs <= excess:
+                kill(s.handle)
+                del self.slots[s.slot]
+                excess -= s.num_envs
+                removed += s.num_envs
+        if excess:
+            # no whole free actor fits the excess: rebuild a free one with fewer envs
+            cut = next((s for s in order if s.slot in self.slots and s.num_envs > excess), None)
+            if cut is not None:
+                cut.num_envs -= excess
+                removed += excess
+                self.relaunch(cut, after_failure=False)
+        if removed:
             self.dirty = True
-            log.info("pool %s: scaled down to %d envs in %d actors", self.spec.name, desired,
-                     len(self.slots))
+            left = sum(s.num_envs for s in self.slots.values())
+            held = f" ({left - self.spec.desired_envs} more stay leased until released)" \
+                if left > self.spec.desired_envs else ""
+            log.info("pool %s: scaled down by %d to %d envs in %d actors%s", self.spec.name,
+                     removed, left, len(self.slots), held)
 
 
 def runtime_env_error(runtime_env: Mapping[str, Any]) -> str | None:

@@ -41,7 +41,12 @@ class StatusSource(Protocol):
 
 # ------------------------------------------------------------------ metrics
 class _PoolGauges(Collector):
-    """``envpool_pool_{desired,leased}_envs`` and ``envpool_pool_leases``, at scrape time."""
+    """``envpool_pool_{desired,leased,free}_envs`` and ``envpool_pool_leases``, at scrape time.
+
+    Leased and free are gauges of their own rather than states of ``envpool_envs``:
+    that family partitions envs by health (running, restarting, failed), and leased
+    and free both are running envs.
+    """
 
     def __init__(self, labelnames: tuple[str, ...]) -> None:
         self._labelnames = labelnames
@@ -62,6 +67,9 @@ class _PoolGauges(Collector):
                                     "Sub-envs the pool server is asked to keep.", labels=ln)
         leased = GaugeMetricFamily("envpool_pool_leased_envs",
                                    "Sub-envs leased by trainers.", labels=ln)
+        free = GaugeMetricFamily("envpool_pool_free_envs",
+                                 "Ready sub-envs no trainer leases (the autoscaling buffer).",
+                                 labels=ln)
         leases = GaugeMetricFamily("envpool_pool_leases", "Trainer leases held.", labels=ln)
         with self._lock:
             sources = list(self._sources.items())
@@ -69,9 +77,11 @@ class _PoolGauges(Collector):
             v = fn()
             desired.add_metric(list(labels), v["desired"])
             leased.add_metric(list(labels), v["leased"])
+            free.add_metric(list(labels), v["free"])
             leases.add_metric(list(labels), v["leases"])
         yield desired
         yield leased
+        yield free
         yield leases
 
 

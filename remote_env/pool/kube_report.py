@@ -29,7 +29,7 @@ class KubeStatusReporter:
     """
 
     def __init__(self, namespace: str, name: str, *, interval_s: float = 30.0,
-                 min_interval_s: float = 2.0, api: Any = None) -> None:
+                 min_interval_s: float = 1.0, api: Any = None) -> None:
         self.namespace = namespace
         self.name = name
         self.interval_s = interval_s
@@ -50,8 +50,11 @@ class KubeStatusReporter:
         return cls(ns, name)
 
     def __call__(self, report: dict[str, Any]) -> None:
-        key = (report["readyEnvs"], report["desiredEnvs"], report["restarts"],
-               report["lastError"])
+        # Leases are in the key: the autoscaler sizes the pool from them, so a lease
+        # that empties the buffer reaches the operator within min_interval_s.
+        key = (report["readyEnvs"], report["leasedEnvs"], report["freeEnvs"],
+               report["desiredEnvs"], report["restarts"], report["lastError"],
+               tuple(report.get("leasedWorkers", ())), tuple(report.get("freeWorkers", ())))
         now = time.monotonic()
         due = now - self._last_at >= self.interval_s
         changed = key != self._last and now - self._last_at >= self.min_interval_s

@@ -12,8 +12,9 @@ in-process for ``envpool run``) and:
   exponential backoff and at most ``maxRestarts`` consecutive failures; trainers
   report the failures they see and wait for the replacement (one owner of restarts);
 * scales to ``spec.replicas`` without touching surviving actors: new actors are
-  added, and scaling down removes un-leased actors first (an actor is cut to a
-  smaller one only when no whole actor fits the excess);
+  added, and scaling down removes free (un-leased) actors only, newest first (a
+  free actor is cut to a smaller one only when no whole actor fits the excess);
+  leased envs above the new size go when their lease ends;
 * serves ``/metrics``, ``/healthz`` and ``/status`` (JSON) over HTTP and, in-cluster,
   patches its EnvPool's ``status.pool`` (:mod:`remote_env.pool.kube_report`).
 
@@ -47,6 +48,12 @@ from remote_env.pool import actors, http_server, slot
 from remote_env.pool import registry as registry_mod
 
 log = logging.getLogger(__name__)
+
+#: Seconds between reads of Ray's node table (a GCS call) for the worker host names.
+NODES_REFRESH_S = 5.0
+#: Most host names reported per list in ``status.pool``: a scale-down removes a few
+#: worker pods at a time, and the EnvPool object must stay small.
+MAX_REPORTED_WORKERS = 100
 
 
 def _now_iso() -> str:
@@ -110,6 +117,10 @@ class PoolServer:
         self._snapshot_lock = threading.Lock()
         self._leased: dict[int, str] = {}
         self._leases: list[dict[str, Any]] = []
+        #: Ray node id -> host name of the nodes that host env actors (in-cluster: the
+        #: worker pods' names), refreshed every NODES_REFRESH_S.
+        self._hosts: dict[str, str] = {}
+        self._hosts_at = -NODES_REFRESH_S
         self._requests: list[tuple[int, str, str]] = []
         self._published_generation: int | None = None
         self._last_tick: float | None = None
@@ -267,6 +278,7 @@ class PoolServer:
         for slot_id, actor_id, reason in requests:
             self.actors.reported(slot_id, actor_id, reason, now)
         self.actors.supervise(now, self._leased)
+        self._refresh_hosts(now)
         self._update_snapshot(now)
         dirty = self.actors.dirty
         layout = self.actors.layout() if dirty else None
@@ -287,10 +299,37 @@ class PoolServer:
             self._reporter(self.pool_report())
 
     def pool_report(self) -> dict[str, Any]:
-        """``status.pool`` of the EnvPool: the operator reads it."""
+        """``status.pool`` of the EnvPool: the operator reads it.
+
+        ``leasedWorkers``/``freeWorkers`` name the worker hosts (pods) with and without
+        a leased actor, emptiest first, so that shrinking the worker group can name
+        the pods to remove (KubeRay's ``workersToDelete``) instead of random ones.
+        """
         st = self.status()
-        return {key: st[key] for key in ("readyEnvs", "desiredEnvs", "restarts", "lastError",
-                                         "updatedAt")}
+        return {key: st[key] for key in ("readyEnvs", "leasedEnvs", "freeEnvs", "desiredEnvs",
+                                         "restarts", "lastError", "updatedAt",
+                                         "leasedWorkers", "freeWorkers")}
+
+    def _refresh_hosts(self, now: float) -> None:
+        import ray
+
+        if now - self._hosts_at < NODES_REFRESH_S:
+            return
+        self._hosts_at = now
+        self._hosts = {n["NodeID"]: str(n.get("NodeManagerHostname") or "")
+                       for n in ray.nodes()  # type: ignore[no-untyped-call]
+                       if n.get("Alive") and spec_mod.ENV_RESOURCE in (n.get("Resources") or {})}
+
+    def _workers(self, slots: list[slot.Slot]) -> tuple[list[str], list[str]]:
+        """(hosts with a leased actor, the other env hosts by fewest actors first)."""
+        leased = {s.node_id for s in slots if s.slot in self._leased}
+        actors: dict[str, int] = {}
+        for s in slots:
+            actors[s.node_id] = actors.get(s.node_id, 0) + 1
+        held = sorted(h for nid, h in self._hosts.items() if nid in leased)
+        free = sorted((actors.get(nid, 0), h) for nid, h in self._hosts.items()
+                      if nid not in leased)
+        return held[:MAX_REPORTED_WORKERS], [h for _, h in free[:MAX_REPORTED_WORKERS]]
 
     def _apply_pending_spec(self) -> None:
         with self._spec_lock:
@@ -319,6 +358,10 @@ class PoolServer:
             by_state[s.state] += s.num_envs
         trainers = {lease["lease_id"]: lease["trainer"] for lease in self._leases}
         leased_envs = sum(s.num_envs for s in slots if s.slot in self._leased)
+        # What a trainer can lease right now: ready and nobody's (the autoscaler's buffer).
+        free_envs = sum(s.num_envs for s in slots
+                        if s.state == "ready" and s.slot not in self._leased)
+        leased_workers, free_workers = self._workers(slots)
         snap = {
             "pool": self.spec.name,
             "namespace": self.spec.namespace,
@@ -329,6 +372,9 @@ class PoolServer:
             "startingEnvs": by_state["starting"] + by_state["backoff"],
             "failedEnvs": by_state["failed"],
             "leasedEnvs": leased_envs,
+            "freeEnvs": free_envs,
+            "leasedWorkers": leased_workers,
+            "freeWorkers": free_workers,
             "actors": len(slots),
             "readyActors": sum(1 for s in slots if s.state == "ready"),
             "restarts": sum(s.restarts for s in slots),
@@ -358,6 +404,6 @@ class PoolServer:
     def _gauges(self) -> dict[str, float]:
         st = self.status()
         return {"desired": st.get("desiredEnvs", 0), "leased": st.get("leasedEnvs", 0),
-                "leases": len(st.get("leases", []))}
+                "free": st.get("freeEnvs", 0), "leases": len(st.get("leases", []))}
 
 

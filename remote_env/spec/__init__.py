@@ -35,6 +35,7 @@ from remote_env.spec.fields import (
     ray_namespace,
 )
 from remote_env.spec.model import (
+    Autoscaling,
     EnvSpec,
     FaultTolerance,
     HeadSpec,
@@ -50,7 +51,7 @@ __all__ = [
     "API_VERSION", "AUTORESET_MODES", "DEFAULT_BATCH_WAIT_MS", "DEFAULT_ENVS_PER_ACTOR",
     "DEFAULT_ENVS_PER_WORKER", "DEFAULT_MAX_RESTARTS", "DEFAULT_METRICS_PORT",
     "DEFAULT_RAY_VERSION", "ENV_RESOURCE", "GROUP", "KIND", "MAX_NAME_LENGTH", "MAX_REPLICAS",
-    "PLURAL", "RAY_PORTS", "VERSION", "EnvSpec", "FaultTolerance", "HeadSpec", "Limits",
+    "PLURAL", "RAY_PORTS", "VERSION", "Autoscaling", "EnvSpec", "FaultTolerance", "HeadSpec", "Limits",
     "PoolSpec", "RaySpec", "Resources", "SpecError", "WorkerSpec", "load", "loads",
     "parse_manifest", "parse_quantity", "parse_spec", "ray_namespace",
 ]

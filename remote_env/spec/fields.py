@@ -105,13 +105,22 @@ FIELDS: Final[dict[str, Field]] = {
     "spec.ray.worker.envsPerWorker": Field("integer", 64, 1, 10_000),
     "spec.metrics.port": Field("integer", 9480, 1024, 65535),
     "spec.suspend": Field("boolean", False),
+    # Present: the operator sizes the pool (spec.replicas, through the scale
+    # subresource) from the envs trainers lease; see remote_env.spec.model.Autoscaling.
+    "spec.autoscaling.minReplicas": Field("integer", 1, 1, MAX_REPLICAS),
+    "spec.autoscaling.maxReplicas": Field("integer", minimum=1, maximum=MAX_REPLICAS),
+    "spec.autoscaling.bufferEnvs": Field("integer", minimum=0, maximum=MAX_REPLICAS),
+    #: Agones' bufferSize percentage: the share of the pool kept free (not of the leased).
+    "spec.autoscaling.bufferPercent": Field("integer", minimum=1, maximum=99),
+    #: HPA's default scale-down stabilization window.
+    "spec.autoscaling.scaleDownDelaySeconds": Field("integer", 300, 0, 86_400),
 }
 
 #: The fields of each object of ``spec`` (``resources`` and ``toleration`` stand for
 #: every resources block and every item of ``tolerations``).
 OBJECTS: Final[dict[str, tuple[str, ...]]] = {
     "spec": ("env", "replicas", "envsPerActor", "threadsPerActor", "batchWaitMs",
-             "autoresetMode", "faultTolerance", "ray", "metrics", "suspend"),
+             "autoresetMode", "faultTolerance", "ray", "metrics", "suspend", "autoscaling"),
     "spec.env": ("id", "entrypoint", "kwargs", "multiAgent"),
     "spec.faultTolerance": ("restartFailedEnvs", "stepTimeoutSeconds", "maxRestarts",
                             "restartBackoffSeconds"),
@@ -120,6 +129,8 @@ OBJECTS: Final[dict[str, tuple[str, ...]]] = {
     "spec.ray.head": ("resources", "nodeSelector", "tolerations"),
     "spec.ray.worker": ("resources", "envsPerWorker", "nodeSelector", "tolerations"),
     "spec.metrics": ("port",),
+    "spec.autoscaling": ("minReplicas", "maxReplicas", "bufferEnvs", "bufferPercent",
+                         "scaleDownDelaySeconds"),
     "resources": ("requests", "limits"),
     "toleration": ("key", "operator", "value", "effect", "tolerationSeconds"),
 }
@@ -130,6 +141,15 @@ DEFAULT_BATCH_WAIT_MS: Final[int] = FIELDS["spec.batchWaitMs"].default
 DEFAULT_METRICS_PORT: Final[int] = FIELDS["spec.metrics.port"].default
 DEFAULT_RAY_VERSION: Final[str] = FIELDS["spec.ray.version"].default
 DEFAULT_ENVS_PER_WORKER: Final[int] = FIELDS["spec.ray.worker.envsPerWorker"].default
+
+
+#: Said the same way by the model and the CRD's CEL rules (a test compares them).
+BUFFER_FORMS_MESSAGE: Final = (
+    "exactly one of autoscaling.bufferEnvs (free envs kept above those leased) or "
+    "autoscaling.bufferPercent (share of the pool kept free) must be set")
+MIN_MAX_MESSAGE: Final = "autoscaling.minReplicas must be <= autoscaling.maxReplicas"
+MIN_ACTOR_MESSAGE: Final = (
+    "autoscaling.minReplicas must be >= envsPerActor: the pool never shrinks below one actor")
 
 
 def ray_namespace(pool_name: str) -> str:

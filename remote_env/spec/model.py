@@ -93,6 +93,35 @@ class RaySpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class Autoscaling:
+    """``spec.autoscaling``: keep a buffer of free warm envs above those trainers lease.
+
+    The operator turns it into ``spec.replicas`` (written through the scale
+    subresource, as ``kubectl scale`` does); exactly one of ``buffer_envs`` and
+    ``buffer_percent`` is set. The sizing rule is
+    :func:`envpool_operator.autoscaler.recommend`.
+    """
+
+    min_replicas: int
+    max_replicas: int
+    #: Free envs to keep above the leased ones.
+    buffer_envs: int | None = None
+    #: Share of the pool (in %) to keep free, as Agones' ``bufferSize: "20%"``.
+    buffer_percent: int | None = None
+    #: A lower size is applied only after it was asked for this long without a pause.
+    scale_down_delay_seconds: int = fields.FIELDS["spec.autoscaling.scaleDownDelaySeconds"].default
+
+    def to_manifest(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"minReplicas": self.min_replicas, "maxReplicas": self.max_replicas,
+                               "scaleDownDelaySeconds": self.scale_down_delay_seconds}
+        if self.buffer_envs is not None:
+            out["bufferEnvs"] = self.buffer_envs
+        if self.buffer_percent is not None:
+            out["bufferPercent"] = self.buffer_percent
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
 class PoolSpec:
     """A validated EnvPool spec with every default filled in."""
 
@@ -108,6 +137,8 @@ class PoolSpec:
     ray: RaySpec
     metrics_port: int
     suspend: bool
+    #: None: a fixed size (``replicas``, changed by hand or by an HPA).
+    autoscaling: Autoscaling | None = None
 
     @property
     def desired_envs(self) -> int:
@@ -130,7 +161,11 @@ class PoolSpec:
     @property
     def desired_workers(self) -> int:
         """Worker pods needed to host every actor, ignoring ``suspend``."""
-        return math.ceil(self.actors / self.actors_per_worker)
+        return self.workers_for(self.replicas)
+
+    def workers_for(self, envs: int) -> int:
+        """Worker pods needed to host ``envs`` envs in actors of ``envsPerActor``."""
+        return math.ceil(math.ceil(envs / self.envs_per_actor) / self.actors_per_worker)
 
     @property
     def workers(self) -> int:
@@ -193,6 +228,7 @@ class PoolSpec:
             },
             "metrics": {"port": self.metrics_port},
             "suspend": self.suspend,
+            **({"autoscaling": self.autoscaling.to_manifest()} if self.autoscaling else {}),
         }
 
     def to_document(self) -> dict[str, Any]:

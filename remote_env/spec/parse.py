@@ -169,6 +169,31 @@ def _parse_fault_tolerance(c: checker.Checker, raw: Any) -> model.FaultTolerance
     )
 
 
+def _optional_integer(c: checker.Checker, value: Mapping[str, Any], path: str) -> int | None:
+    return c.integer(value, path) if path.rsplit(".", 1)[1] in value else None
+
+
+def _parse_autoscaling(c: checker.Checker, raw: Any) -> model.Autoscaling | None:
+    if raw is None:
+        return None
+    path = "spec.autoscaling"
+    auto = c.mapping(raw, path)
+    c.known(auto, path)
+    lo = c.integer(auto, f"{path}.minReplicas")
+    hi = c.integer(auto, f"{path}.maxReplicas")
+    if lo > hi:
+        c.fail(f"{path}.minReplicas", f"{fields.MIN_MAX_MESSAGE}, got {lo} > {hi}")
+    buffer_envs = _optional_integer(c, auto, f"{path}.bufferEnvs")
+    buffer_percent = _optional_integer(c, auto, f"{path}.bufferPercent")
+    if ("bufferEnvs" in auto) == ("bufferPercent" in auto):
+        got = "both" if "bufferEnvs" in auto else "neither"
+        c.fail(path, f"{fields.BUFFER_FORMS_MESSAGE}, got {got}")
+    return model.Autoscaling(
+        min_replicas=lo, max_replicas=hi, buffer_envs=buffer_envs, buffer_percent=buffer_percent,
+        scale_down_delay_seconds=c.integer(auto, f"{path}.scaleDownDelaySeconds"),
+    )
+
+
 def parse_spec(
     spec: Mapping[str, Any], *, name: str, namespace: str = "default",
     limits: model.Limits | None = None,
@@ -195,8 +220,16 @@ def parse_spec(
     c.known(spec, "spec")
     env = _parse_env(c, spec.get("env"))
     replicas = c.integer(spec, "spec.replicas")
+    autoscaling = _parse_autoscaling(c, spec.get("autoscaling"))
+    # An autoscaled pool's replicas move: its default actor size follows the floor
+    # instead, so actors added later are as large as the first ones.
+    smallest = replicas if autoscaling is None else autoscaling.min_replicas
     envs_per_actor = c.integer(spec, "spec.envsPerActor",
-                               min(fields.DEFAULT_ENVS_PER_ACTOR, replicas))
+                               min(fields.DEFAULT_ENVS_PER_ACTOR, smallest))
+    if autoscaling is not None and envs_per_actor > autoscaling.min_replicas:
+        c.fail("spec.autoscaling.minReplicas",
+               f"{fields.MIN_ACTOR_MESSAGE} (envsPerActor={envs_per_actor}), got "
+               f"{autoscaling.min_replicas}")
     if envs_per_actor > replicas:
         c.fail("spec.envsPerActor", f"must be <= replicas={replicas} (an actor hosts "
                                     f"envsPerActor of the pool's sub-envs), got {envs_per_actor}")
@@ -226,6 +259,7 @@ def parse_spec(
         ray=ray,
         metrics_port=port,
         suspend=c.boolean(spec, "spec.suspend"),
+        autoscaling=autoscaling,
     )
     if not c.errors and pool.desired_workers > limits.max_workers:
         c.fail("spec.replicas",
@@ -233,6 +267,12 @@ def parse_spec(
                f"{pool.actors_per_worker * envs_per_actor} per worker) but this operator "
                f"allows at most {limits.max_workers}; raise ray.worker.envsPerWorker or "
                "lower replicas")
+    if not c.errors and autoscaling is not None \
+            and pool.workers_for(autoscaling.max_replicas) > limits.max_workers:
+        c.fail("spec.autoscaling.maxReplicas",
+               f"needs {pool.workers_for(autoscaling.max_replicas)} worker pods at "
+               f"{autoscaling.max_replicas} envs but this operator allows at most "
+               f"{limits.max_workers}; raise ray.worker.envsPerWorker or lower maxReplicas")
     if c.errors:
         raise checker.SpecError(c.errors)
     return pool

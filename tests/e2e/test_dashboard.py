@@ -41,6 +41,9 @@ DASHBOARD = REPO / "helm" / "envpool-operator" / "files" / "envpool-dashboard.js
 ENVPOOL = Path(sys.executable).parent / "envpool"
 FAIL_EVERY = 10  # each sub-env raises on every 10th step: 10% failures, over the 5% alert
 POOL = "flaky"
+#: A pool server (``envpool run -f``) whose trainer leases every env: the lease and buffer
+#: panels' data (a RemoteVectorEnv of its own, like ``flaky``'s, has no leases).
+LEASED_POOL = "leased"
 WORKLOAD_SECONDS = 90
 #: What Grafana puts in for the variables: "All" (allValue ".*") and, for
 #: $__rate_interval, 4 x the 1 s scrape interval plus slack.
@@ -143,8 +146,9 @@ def stack(kube_cluster: Any, prometheus: Any, tmp_path_factory: pytest.TempPathF
     kube = kube_cluster
     tmp = tmp_path_factory.mktemp("dashboard")
     workload_port, operator_port, health_port = _free_port(), _free_port(), _free_port()
+    pool_port = _free_port()
     prom = prometheus(targets=[
-        {"job": "envpool", "targets": [f"127.0.0.1:{workload_port}"]},
+        {"job": "envpool", "targets": [f"127.0.0.1:{workload_port}", f"127.0.0.1:{pool_port}"]},
         {"job": "envpool-operator", "targets": [f"127.0.0.1:{operator_port}"]},
     ], scrape_interval="1s")
     # the alert rules, evaluated every second on the same data
@@ -159,6 +163,13 @@ def stack(kube_cluster: Any, prometheus: Any, tmp_path_factory: pytest.TempPathF
          "--env-kwarg", f"fail_every={FAIL_EVERY}", "--pool", POOL, "--num-envs", "4",
          "--envs-per-actor", "2", "--seconds", str(WORKLOAD_SECONDS), "--metrics-port", str(workload_port)],
         tmp / "workload.log", env)
+    pool_file = tmp / "leased.yaml"
+    pool_file.write_text(yaml.safe_dump({
+        "apiVersion": "envpool.dev/v1alpha1", "kind": "EnvPool", "metadata": {"name": LEASED_POOL},
+        "spec": {"env": {"id": "CartPole-v1"}, "replicas": 2, "envsPerActor": 1}}))
+    leased = _spawn(
+        [str(ENVPOOL), "run", "-f", str(pool_file), "--seconds", str(WORKLOAD_SECONDS),
+         "--metrics-port", str(pool_port)], tmp / "leased.log", env)
 
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     kube.kubectl("wait", "--for=condition=Established", "crd/envpools.envpool.dev", "--timeout=60s")
@@ -186,6 +197,7 @@ def stack(kube_cluster: Any, prometheus: Any, tmp_path_factory: pytest.TempPathF
         yield Stack(prom, workload, workload_port, operator, operator_port, ns, pool)
     finally:
         workload.stop()
+        leased.stop()
         operator.stop()
         kube.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
 
@@ -262,7 +274,7 @@ def test_every_panel_has_data_with_its_labels(stack: Stack, kube_cluster: Any) -
                 pool_label.add(s["metric"]["pool"])
         figures[f"{panel['title']} [{target['refId']}]"] = {
             json.dumps(s["metric"], sort_keys=True): _value(s) for s in result}
-    assert pool_label == {POOL}, f"pool panels show pools {pool_label}, expected {POOL}"
+    assert pool_label == {POOL, LEASED_POOL}, f"pool panels show pools {pool_label}"
 
     # values that match what was injected
     def one(expr: str) -> float:
@@ -283,6 +295,9 @@ def test_every_panel_has_data_with_its_labels(stack: Stack, kube_cluster: Any) -
     assert one("sum(envpool_actor_restarts_total)") >= 1
     assert one("sum(envpool_env_restarts_total)") >= 1
     assert one('sum(envpool_envs{state="running"})') >= 1
+    # the lease panels: leased's trainer holds both of its envs, none is free
+    assert one(f'sum(envpool_pool_leased_envs{{pool="{LEASED_POOL}"}})') == 2
+    assert one(f'sum(envpool_pool_free_envs{{pool="{LEASED_POOL}"}})') == 0
     # the phase panel agrees with kubectl get epool
     def phase_agrees() -> bool:
         shown = prom.query(f'envpool_pool_phase{{namespace="{stack.namespace}", pool="{stack.pool}"}} == 1')
@@ -320,7 +335,9 @@ def test_alert_rules_evaluate_on_real_data(stack: Stack, kube_cluster: Any) -> N
     expr = next(r["expr"] for g in rules["groups"] for r in g["rules"]
                 if r.get("alert") == "EnvPoolEnvFailureRateHigh")
     ratio_expr = expr.split(">")[0]
-    ratio = kube_cluster.wait_until(lambda: prom.query(ratio_expr), timeout=30, what=ratio_expr)
+    ratio = kube_cluster.wait_until(
+        lambda: [r for r in prom.query(ratio_expr) if r["metric"]["pool"] == POOL], timeout=30,
+        what=ratio_expr)  # LEASED_POOL's server steps nothing itself: its ratio is 0
     assert len(ratio) == 1 and 0.5 / FAIL_EVERY < _value(ratio[0]) < 2 / FAIL_EVERY, ratio
     kube_cluster.wait_until(
         lambda: next(r for g in prom.api("rules")["groups"] for r in g["rules"]

@@ -514,6 +514,13 @@ def test_helm_install_test_rbac_upgrade_uninstall(
         assert "Forbidden" not in op.log() and " 403" not in op.log(), op.log()[-3000:]
         _operator_refused(kube, token, team_a)
         _operator_only_writes_its_children(kube, token, team_a, "pool-a")
+        # spec.autoscaling: the chart's grants let it resize through the scale subresource
+        auto = json.loads(_envpool("pool-auto"))
+        auto["spec"]["autoscaling"] = {"minReplicas": 24, "maxReplicas": 32, "bufferEnvs": 8}
+        kube.kubectl("apply", "-n", team_a, "-f", "-", input=json.dumps(auto))
+        kube.wait_until(lambda: kube.kubectl_json("get", "envpool", "pool-auto", "-n", team_a)[
+            "spec"]["replicas"] == 24, timeout=60, what="the token-only operator's scale write")
+        assert op.sample("envpool_operator_autoscale_writes_total", direction="up") >= 1
         _forbidden_by_policy(kube, token, "create", "configmap", "aws-auth", "-n", "kube-system",
                              needle="carry app.kubernetes.io/managed-by=envpool-operator")
         # the helm test's own script passes against this operator's /metrics

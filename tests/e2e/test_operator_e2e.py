@@ -56,6 +56,8 @@ class Operator:
     proc: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
     health_port: int = 0
+    #: The namespaces it watches (a glob): each module that runs one has its own prefix.
+    namespaces: str = f"{NS_PREFIX}*"
 
     def start(self) -> None:
         self.metrics_port, self.health_port = _free_port(), _free_port()
@@ -63,7 +65,7 @@ class Operator:
             self.proc = subprocess.Popen(
                 # Only this module's namespaces: other tests may run their own
                 # operator on the same cluster at the same time.
-                [str(ENVPOOL), "operator", "--namespace", f"{NS_PREFIX}*", "--standalone",
+                [str(ENVPOOL), "operator", "--namespace", self.namespaces, "--standalone",
                  "--metrics-port", str(self.metrics_port),
                  "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
@@ -118,12 +120,11 @@ def operator(kube_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     print(f"\n[operator log tail]\n{op.log_tail(30)}")
 
 
-@pytest.fixture
-def namespace(kube_cluster: Any, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace per test (overrides conftest's), named for the operator's watch."""
-    kube = kube_cluster
+def watched_namespace(kube: Any, request: pytest.FixtureRequest,
+                      prefix: str = NS_PREFIX) -> Iterator[str]:
+    """A fresh namespace for one test, named for an operator watching ``prefix*``."""
     base = request.node.name.removeprefix("test_").replace("_", "-")[:30].strip("-")
-    name = f"{NS_PREFIX}{base}-{secrets.token_hex(3)}"
+    name = f"{prefix}{base}-{secrets.token_hex(3)}"
     kube.kubectl("create", "namespace", name)
     kube.wait_until(lambda: kube.kubectl("get", "serviceaccount", "default", "-n", name,
                                          check=False).returncode == 0,
@@ -131,6 +132,12 @@ def namespace(kube_cluster: Any, request: pytest.FixtureRequest) -> Iterator[str
     yield name
     # Not waited for (~10 s each): every test has its own namespace.
     kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def namespace(kube_cluster: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test (overrides conftest's), named for the operator's watch."""
+    yield from watched_namespace(kube_cluster, request)
 
 
 @pytest.fixture(scope="module")
@@ -290,14 +297,16 @@ def test_every_example_reconciles_to_ready(kube_cluster: Any, operator: Operator
 
     table = kube.kubectl("get", "epool", "-n", namespace).stdout
     header = table.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "READY", "DESIRED", "RAYCLUSTER", "AGE"], table
+    # LEASED and FREE come from the pool server's report: blank without one (kwok pods)
+    assert header == ["NAME", "PHASE", "READY", "LEASED", "FREE", "DESIRED", "RAYCLUSTER",
+                      "AGE"], table
     rows = {line.split()[0]: line.split() for line in table.splitlines()[1:]}
     assert rows["cartpole"][1:5] == ["Ready", "16", "16", "cartpole"], table
     assert rows["cartpole-suspended"][1:4] == ["Suspended", "0", "128"], table
     wide = kube.kubectl("get", "epool", "-n", namespace, "-o", "wide").stdout
     assert wide.splitlines()[0].split() == [
-        "NAME", "PHASE", "READY", "DESIRED", "WORKERS", "RAYCLUSTER", "ENDPOINT", "MESSAGE",
-        "AGE"], wide
+        "NAME", "PHASE", "READY", "LEASED", "FREE", "DESIRED", "WORKERS", "RAYCLUSTER",
+        "ENDPOINT", "MESSAGE", "AGE"], wide
     # the category: kubectl get all lists EnvPools too
     assert "envpool.envpool.dev/cartpole" in kube.kubectl("get", "all", "-n", namespace).stdout
 

@@ -42,6 +42,10 @@ GOOD: list[tuple[str, str, dict[str, Any]]] = [
     ("auth-disabled-old-ray", "good", _spec(ray={"authMode": "disabled", "version": "2.40.0"})),
     ("auth-token", "good", _spec(ray={"authMode": "token"})),
     ("env-from-secrets", "good", _spec(ray={"envFromSecrets": ["sim-creds", "a.b-c"]})),
+    ("autoscaling-envs", "good", _spec(autoscaling={"minReplicas": 8, "maxReplicas": 64,
+                                                    "bufferEnvs": 8})),
+    ("autoscaling-percent", "good", _spec(autoscaling={
+        "maxReplicas": 64, "bufferPercent": 20, "scaleDownDelaySeconds": 0}, envsPerActor=1)),
 ]
 
 #: Everything test_operator_spec.py, test_pool_spec.py and test_operator_crd.py refuse.
@@ -94,6 +98,22 @@ BAD: list[tuple[str, str, dict[str, Any]]] = [
     ("ft-unknown-field", "bad", _spec(faultTolerance={"retries": 3})),
     ("max-restarts-negative", "bad", _spec(faultTolerance={"maxRestarts": -1})),
     ("suspend-string", "bad", _spec(suspend="yes")),
+    ("autoscaling-min-over-max", "bad", _spec(autoscaling={
+        "minReplicas": 65, "maxReplicas": 64, "bufferEnvs": 8})),
+    ("autoscaling-both-buffers", "bad", _spec(autoscaling={
+        "maxReplicas": 64, "bufferEnvs": 8, "bufferPercent": 20})),
+    ("autoscaling-no-buffer", "bad", _spec(autoscaling={"maxReplicas": 64})),
+    ("autoscaling-no-max", "bad", _spec(autoscaling={"bufferEnvs": 8})),
+    ("autoscaling-percent-100", "bad", _spec(autoscaling={"maxReplicas": 64,
+                                                          "bufferPercent": 100})),
+    ("autoscaling-buffer-negative", "bad", _spec(autoscaling={"maxReplicas": 64,
+                                                              "bufferEnvs": -1})),
+    ("autoscaling-min-below-actor", "bad", _spec(envsPerActor=8, autoscaling={
+        "minReplicas": 4, "maxReplicas": 64, "bufferEnvs": 8})),
+    ("autoscaling-unknown-field", "bad", _spec(autoscaling={
+        "maxReplicas": 64, "bufferEnvs": 8, "cooldown": 30})),
+    ("autoscaling-delay-negative", "bad", _spec(autoscaling={
+        "maxReplicas": 64, "bufferEnvs": 8, "scaleDownDelaySeconds": -1})),
     ("name-41", "a" * 41, _spec()),
     ("name-upper", "Upper", _spec()),
     ("name-digit", "1starts-with-digit", _spec()),
@@ -145,3 +165,19 @@ def test_crd_and_model_refuse_the_same(crd_installed: Any, case: str, name: str,
     else:
         assert by_model is not None, f"the CRD refuses {case} but the model accepts it: {by_crd}"
         assert by_crd is not None, f"the model refuses {case} but the CRD accepts it: {by_model}"
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("autoscaling-min-over-max", spec.fields.MIN_MAX_MESSAGE),
+    ("autoscaling-both-buffers", spec.fields.BUFFER_FORMS_MESSAGE),
+    ("autoscaling-no-buffer", spec.fields.BUFFER_FORMS_MESSAGE),
+    ("autoscaling-min-below-actor", spec.fields.MIN_ACTOR_MESSAGE),
+])
+def test_autoscaling_refusals_say_the_same_thing(crd_installed: Any, case: str,
+                                                 message: str) -> None:
+    """kubectl apply and the model (envpool run -f, the operator) word it alike."""
+    (name, body), = [(c[1], c[2]) for c in BAD if c[0] == case]
+    by_crd = _crd_refuses(crd_installed, "default", name, body)
+    by_model = _model_refuses(name, body)
+    assert by_crd is not None and message in by_crd, by_crd
+    assert by_model is not None and message in by_model, by_model

@@ -310,6 +310,54 @@ def test_scale_up_and_down_keeps_the_surviving_envs(cluster: Cluster, tmp_path: 
         _destroy(server)
 
 
+def test_leased_and_free_are_reported_and_scaling_down_never_takes_a_leased_env(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    counter = tmp_path / "constructed"
+    doc = _spec("held", counter, replicas=6, per_actor=2)
+    reports: list[dict[str, Any]] = []
+    server = PoolServer(spec.parse_manifest(doc), http_port=0, health_interval_s=0.3,
+                        status_reporter=reports.append)
+    server.start_background()
+    try:
+        server.wait_ready(60)
+        envs = attach("held", num_envs=4, trainer="holder")
+        held = sorted(_actor_ids(envs))
+        envs.reset(seed=0)
+        envs.step(np.ones(4, dtype=np.int64))
+        st = wait_for(lambda: (s := server.status())["leasedEnvs"] == 4 and s, 10, "lease seen")
+        assert st["freeEnvs"] == 2
+        # what status.pool gets (the operator's autoscaler reads leasedEnvs from it)
+        rep = wait_for(lambda: reports and reports[-1]["leasedEnvs"] == 4 and reports[-1],
+                       10, "lease reported")
+        assert (rep["freeEnvs"], rep["readyEnvs"], rep["desiredEnvs"]) == (2, 6, 6)
+        # the hosts (in-cluster: worker pods) that must stay while the lease lasts
+        assert rep["leasedWorkers"] == [socket.gethostname()]
+        _, text = _get(server.url + "/metrics")
+        samples = {s.name: s.value for fam in text_string_to_metric_families(text)
+                   for s in fam.samples if s.labels.get("pool") == "held"}
+        assert (samples["envpool_pool_leased_envs"], samples["envpool_pool_free_envs"]) == (4, 2)
+
+        # scaled to 2 while 4 are leased: only the free actor goes; the leased ones stay
+        doc["spec"]["replicas"] = 2
+        server.apply_spec(spec.parse_manifest(doc))
+        st = wait_for(lambda: (s := server.status())["actors"] == 2 and s, 30, "free actor gone")
+        assert sorted(s["actorId"] for s in st["slots"]) == held
+        assert (st["totalEnvs"], st["desiredEnvs"], st["freeEnvs"]) == (4, 2, 0)
+        for _ in range(3):  # several ticks: still there, still stepping
+            envs.step(np.ones(4, dtype=np.int64))
+            time.sleep(server.health_interval_s)
+        assert server.status()["actors"] == 2
+        assert envs.get_attr("steps") == (4, 4, 4, 4)
+        envs.close()
+        # released: now the pool shrinks to 2, keeping the oldest actor as it was
+        st = wait_for(lambda: (s := server.status())["totalEnvs"] == 2 and s, 30, "shrunk")
+        assert st["slots"][0]["actorId"] in held and st["restarts"] == 0
+        assert constructions(str(counter)) == 6  # nothing was re-created on the way
+    finally:
+        _destroy(server)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -287,6 +287,7 @@ def test_rbac_is_least_privilege(helm: str) -> None:
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("envpool.dev", "envpools"): {"get", "list", "watch", "patch"},
         ("envpool.dev", "envpools/status"): {"get", "patch"},
+        ("envpool.dev", "envpools/scale"): {"get", "patch"},
         ("ray.io", "rayclusters"): {"get", "list", "watch", "create", "patch"},
         ("", "configmaps"): {"create", "patch"},
         ("", "serviceaccounts"): {"create", "patch"},
@@ -350,7 +351,7 @@ def test_admission_policy_covers_every_write_of_the_operator_and_only_it(helm: s
                 for g in rule["apiGroups"] for r in rule["resources"]}
     # every kind it may write, except its own EnvPools (status, kopf annotations) and Events
     assert covered == writable - {("envpool.dev", "envpools"), ("envpool.dev", "envpools/status"),
-                                  ("", "events")}
+                                  ("envpool.dev", "envpools/scale"), ("", "events")}
     pool = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4}, name="p", namespace="n")
     for child in builders.build_children(pool, settings.Settings()):
         # the policy's label rule holds for what the builders make
@@ -481,7 +482,8 @@ def test_every_alert_fires_in_a_test_and_is_quiet_in_another() -> None:
     cases = [c for t in tests for c in t["alert_rule_test"]]
     names = {r["alert"] for r in _alert_rules()}
     assert names == {"EnvPoolActorRestartStorm", "EnvPoolEnvFailureRateHigh", "EnvPoolEnvsFailed",
-                     "EnvPoolDegraded", "EnvPoolOperatorDown", "EnvPoolOperatorReconcileErrors"}
+                     "EnvPoolDegraded", "EnvPoolBufferEmpty", "EnvPoolOperatorDown",
+                     "EnvPoolOperatorReconcileErrors"}
     for name in names:
         assert any(c["alertname"] == name and c["exp_alerts"] for c in cases), f"{name} never fires"
         assert any(c["alertname"] == name and not c["exp_alerts"] for c in cases), f"{name} never quiet"
@@ -516,12 +518,16 @@ def _exported_sample_names() -> set[str]:
 
     from envpool_operator import metrics as operator_metrics
     from remote_env import metrics as pool_metrics
+    from remote_env.pool import http_server
 
     names: set[str] = set()
     reg = CollectorRegistry()
     pm = pool_metrics.PoolMetrics(reg, pool="p", namespace="ns")
     pm.track_states(lambda: {"running": 1})
     pm.observe_poll(1, 0.001)
+    # the pool server's own gauges (leased, free, desired)
+    http_server.pool_gauges(reg, 2).add(
+        ("ns", "p"), lambda: {"desired": 1, "leased": 0, "free": 1, "leases": 0})
     om = operator_metrics.OperatorMetrics(op_reg := CollectorRegistry())
     om.track_pools(lambda: [("ns", "p", "Ready")])
     for registry in (reg, op_reg):

@@ -314,3 +314,52 @@ def test_env_from_secrets_reach_the_ray_containers_only() -> None:
     cm = builders.build_config_map(_pool(ray={"envFromSecrets": ["sim-creds"]}))
     assert "sim-creds" in cm["data"]["pool.yaml"]
     assert "envFrom" not in _containers(builders.build_ray_cluster(_pool(), SETTINGS))["ray-head"]
+
+
+# ------------------------------------------------- shrinking the worker group (worker_plan)
+def _plan_pool(replicas: int, **over: Any) -> spec.PoolSpec:
+    return spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": replicas,
+                            "envsPerActor": 8, **over}, name="p")
+
+
+def _pods(*names: str) -> list[str]:
+    return [f"p-envs-worker-{n}" for n in names]
+
+
+def test_worker_plan_grows_and_shrinks_plainly_without_a_report() -> None:
+    pool = _plan_pool(128)  # 2 workers of 64
+    assert builders.worker_plan(pool, current=1, report=None) == (2, [])
+    assert builders.worker_plan(pool, current=None, report=None) == (2, [])
+    assert builders.worker_plan(pool, current=5, report=None) == (2, [])
+    # Ray outside Kubernetes: host names that are no pods of this group say nothing
+    assert builders.worker_plan(pool, current=5, report={
+        "leasedWorkers": ["laptop"], "freeWorkers": ["other-envs-worker-x"]}) == (2, [])
+
+
+def test_worker_plan_never_removes_a_pod_with_a_leased_env() -> None:
+    pool = _plan_pool(64)  # 1 worker wanted
+    report = {"leasedWorkers": _pods("a", "b"), "freeWorkers": _pods("c", "d")}
+    replicas, remove = builders.worker_plan(pool, current=4, report=report)
+    assert (replicas, remove) == (2, _pods("c", "d"))  # a and b stay for their leases
+    # only one free pod named (the rest unknown): only that one goes
+    replicas, remove = builders.worker_plan(pool, current=4, report={
+        "leasedWorkers": _pods("a"), "freeWorkers": _pods("c")})
+    assert (replicas, remove) == (3, _pods("c"))
+
+
+def test_worker_plan_removes_the_emptiest_first_and_no_more_than_needed() -> None:
+    pool = _plan_pool(128)  # 2 workers wanted
+    report = {"leasedWorkers": [], "freeWorkers": _pods("empty", "one-actor", "full")}
+    assert builders.worker_plan(pool, current=3, report=report) == (2, _pods("empty"))
+
+
+def test_worker_plan_lands_in_the_ray_cluster_but_not_in_its_hash() -> None:
+    pool = _plan_pool(64)
+    rc = builders.build_ray_cluster(pool, SETTINGS, workers=(2, _pods("c")))
+    (group,) = rc["spec"]["workerGroupSpecs"]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 2
+    assert group["scaleStrategy"] == {"workersToDelete": _pods("c")}
+    plain = builders.build_ray_cluster(pool, SETTINGS)
+    assert plain["spec"]["workerGroupSpecs"][0]["scaleStrategy"] == {"workersToDelete": []}
+    # naming the pods to remove rolls nothing
+    assert rc["metadata"]["annotations"] == plain["metadata"]["annotations"]

@@ -288,3 +288,16 @@ def test_unparseable_report_time_is_stale(bad: Any) -> None:
     pool = _pool()
     rep = {"readyEnvs": 16, "desiredEnvs": 16, "updatedAt": bad}
     assert _cond(_compute(pool, _rc(pool), rep), "PoolServerReady")["reason"] == "ReportStale"
+
+
+def test_leased_and_free_come_from_a_fresh_report_only() -> None:
+    pool = _pool()
+    fresh = {**_report(16), "leasedEnvs": 10, "freeEnvs": 6}
+    st = _compute(pool, _rc(pool), fresh)
+    assert (st["leasedEnvs"], st["freeEnvs"]) == (10, 6)
+    old = {**fresh, "updatedAt": (NOW - datetime.timedelta(minutes=10)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")}
+    st = _compute(pool, _rc(pool), old)
+    # None: the merge patch removes them, so kubectl shows no lease count it cannot trust
+    assert (st["leasedEnvs"], st["freeEnvs"]) == (None, None)
+    assert _compute(pool, _rc(pool), _report(16))["leasedEnvs"] is None  # an older server

@@ -81,6 +81,10 @@ No Secrets, no Pods, no delete, no bind/escalate.
 - apiGroups: ["envpool.dev"]
   resources: ["envpools/status"]
   verbs: ["get", "patch"]
+# spec.autoscaling: the operator resizes pools the way kubectl scale and an HPA do.
+- apiGroups: ["envpool.dev"]
+  resources: ["envpools/scale"]
+  verbs: ["get", "patch"]
 - apiGroups: ["ray.io"]
   resources: ["rayclusters"]
   verbs: ["get", "list", "watch", "create", "patch"]

@@ -1,4 +1,5 @@
-"""kopf handlers: thin decorators over :mod:`envpool_operator.reconcile`.
+"""kopf handlers: thin decorators over :mod:`envpool_operator.reconcile` and
+:mod:`envpool_operator.scaling`.
 
 Run with ``envpool operator`` or ``kopf run -m envpool_operator.handlers``.
 Handlers are plain functions, so kopf runs them in its thread pool and the
@@ -15,8 +16,9 @@ from typing import Any
 import kopf
 import prometheus_client
 
-from envpool_operator import builders, kube, reconcile
+from envpool_operator import bodies, kube, names, reconcile, scaling
 from envpool_operator import metrics as metrics_mod
+from envpool_operator import runtime as runtime_mod
 from envpool_operator import settings as settings_mod
 from envpool_operator import status as status_mod
 from remote_env import kubeconfig
@@ -65,7 +67,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
     logging.getLogger("kopf.objects").addFilter(_quiet_event_handlers)
     kube.configure()
     registry = prometheus_client.CollectorRegistry()
-    runtime = reconcile.Runtime(settings=cfg, metrics=metrics_mod.OperatorMetrics(registry))
+    runtime = runtime_mod.Runtime(settings=cfg, metrics=metrics_mod.OperatorMetrics(registry))
     runtime.metrics.track_pools(runtime.phases)
     memo.envpool = runtime
     if cfg.metrics_port:
@@ -77,7 +79,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
         args=(runtime, memo.envpool_stop, logging.getLogger("envpool_operator.resync")),
     ).start()
     threading.Thread(
-        target=reconcile.autoscale_loop, name="envpool-autoscale", daemon=True,
+        target=scaling.autoscale_loop, name="envpool-autoscale", daemon=True,
         args=(runtime, memo.envpool_stop, logging.getLogger("envpool_operator.autoscale")),
     ).start()
     logger.info(f"envpool operator: image={cfg.image} metrics_port={cfg.metrics_port} "
@@ -100,8 +102,8 @@ def cleanup(memo: kopf.Memo, **_: Any) -> None:
         server.shutdown()
 
 
-def _runtime(memo: kopf.Memo) -> reconcile.Runtime:
-    runtime: reconcile.Runtime = memo.envpool
+def _runtime(memo: kopf.Memo) -> runtime_mod.Runtime:
+    runtime: runtime_mod.Runtime = memo.envpool
     return runtime
 
 
@@ -120,7 +122,7 @@ def reconcile_fn(
         raise outcome.error  # kopf: PermanentError stops, TemporaryError retries after delay
 
 
-def _status_only(body: kopf.Body, patch: kopf.Patch, runtime: reconcile.Runtime) -> None:
+def _status_only(body: kopf.Body, patch: kopf.Patch, runtime: runtime_mod.Runtime) -> None:
     key = (body.metadata.namespace or "", body.metadata.name or "")
     st = reconcile.compute(body, settings=runtime.settings,
                            ray_cluster=runtime.ray_clusters.get(key), reconciled=False)
@@ -147,10 +149,10 @@ def pool_event_fn(
         return  # nothing to report yet: the reconcile writes the first status
     _status_only(body, patch, runtime)
     try:
-        reconcile.autoscale(key, runtime, logger)
+        scaling.autoscale(key, runtime, logger)
         # Worker pods kept for leased envs: once a report names pods without leases,
         # shrink now rather than at the next spec change or resync.
-        pool = reconcile.parse(body, runtime.settings)
+        pool = bodies.parse(body, runtime.settings)
         if reconcile.shrink_waiting(pool, body, runtime.ray_clusters.get(key)):
             reconcile.reconcile_fresh(key, runtime, logger)
     except spec_mod.SpecError:
@@ -159,7 +161,7 @@ def pool_event_fn(
         logger.warning(f"EnvPool {key[0]}/{key[1]}: {exc}; the next pass retries")
 
 
-@kopf.on.event("ray.io", "v1", "rayclusters", labels={builders.POOL_LABEL: kopf.PRESENT})
+@kopf.on.event("ray.io", "v1", "rayclusters", labels={names.POOL_LABEL: kopf.PRESENT})
 def ray_cluster_event_fn(
     body: kopf.Body, type: str | None, memo: kopf.Memo, logger: Any, **_: Any,
 ) -> None:
@@ -169,7 +171,7 @@ def ray_cluster_event_fn(
     put it back now rather than at the next resync.
     """
     runtime = _runtime(memo)
-    pool_name = body.metadata.labels.get(builders.POOL_LABEL, "")
+    pool_name = body.metadata.labels.get(names.POOL_LABEL, "")
     key = (body.metadata.namespace or "", pool_name)
     rc = None if type == "DELETED" else dict(body)
     try:

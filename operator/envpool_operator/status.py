@@ -20,7 +20,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from envpool_operator import builders
+from envpool_operator import names
 from remote_env import spec as spec_mod
 
 PENDING: Final = "Pending"
@@ -107,7 +107,7 @@ def ray_cluster_condition(
     name = meta.get("name", "?")
     if meta.get("deletionTimestamp"):
         return _Cond(t, False, "Deleting", f"RayCluster {name} is being deleted"), False
-    have_hash = (meta.get("annotations") or {}).get(builders.CLUSTER_HASH_ANNOTATION)
+    have_hash = (meta.get("annotations") or {}).get(names.CLUSTER_HASH_ANNOTATION)
     if expected_hash is not None and have_hash != expected_hash:
         return _Cond(t, False, "Updating",
                      f"RayCluster {name} does not reflect the new spec yet"), False
@@ -327,8 +327,8 @@ def compute_status(
     endpoint = None
     if ray_cluster is not None:
         head = ((ray_cluster.get("status") or {}).get("head") or {})
-        svc = head.get("serviceName") or builders.head_service_name(name)
-        endpoint = f"ray://{svc}.{namespace}.svc:{builders.RAY_CLIENT_PORT}"
+        svc = head.get("serviceName") or names.head_service_name(name)
+        endpoint = f"ray://{svc}.{namespace}.svc:{names.RAY_CLIENT_PORT}"
     out: dict[str, Any] = {
         "phase": phase,
         "message": ready_cond.message,
@@ -340,7 +340,7 @@ def compute_status(
         "freeEnvs": free_envs,
         "desiredEnvs": pool.replicas if pool else None,
         "workers": pool.workers if pool else None,
-        "selector": builders.selector(name),
+        "selector": names.selector(name),
         "rayCluster": rc_name,
         "endpoint": endpoint,
         "conditions": conditions,

@@ -34,7 +34,7 @@ import yaml
 from test_operator_e2e import Operator, install_crd, watched_namespace
 from test_pool_server_report import _token_kubeconfig
 
-from envpool_operator import builders
+from envpool_operator import names
 from remote_env import spec
 from remote_env.pool import registry as pool_registry
 from remote_env.pool.attach import attach
@@ -98,16 +98,16 @@ class PoolServer:
 
     def __init__(self, kube: Any, ns: str, name: str, gcs: str, tmp: Path) -> None:
         cm = kube.wait_until(
-            lambda: kube.kubectl_json("get", "configmap", builders.config_map_name(name),
+            lambda: kube.kubectl_json("get", "configmap", names.config_map_name(name),
                                       "-n", ns, check=False),
             timeout=60, what="the operator's ConfigMap")
-        config = tmp / builders.CONFIG_KEY
-        config.write_text(cm["data"][builders.CONFIG_KEY])
+        config = tmp / names.CONFIG_KEY
+        config.write_text(cm["data"][names.CONFIG_KEY])
         kube.wait_until(lambda: kube.kubectl("get", "rolebinding",
-                                             builders.service_account_name(name), "-n", ns,
+                                             names.service_account_name(name), "-n", ns,
                                              check=False).returncode == 0,
                         timeout=60, what="the pool server's RoleBinding")
-        kubeconfig = _token_kubeconfig(kube, builders.service_account_name(name), ns,
+        kubeconfig = _token_kubeconfig(kube, names.service_account_name(name), ns,
                                        tmp / "sa.kubeconfig")
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         env.update(KUBECONFIG=str(kubeconfig), ENVPOOL_POOL_NAMESPACE=ns,
@@ -379,8 +379,8 @@ def test_an_hpa_resizes_a_pool_through_the_same_scale_subresource(
     # the write is honoured like kubectl scale: the ConfigMap and the workers follow
     kube.wait_until(
         lambda: yaml.safe_load(kube.kubectl_json(
-            "get", "configmap", builders.config_map_name(name), "-n", namespace)["data"][
-            builders.CONFIG_KEY])["spec"]["replicas"] == 16,
+            "get", "configmap", names.config_map_name(name), "-n", namespace)["data"][
+            names.CONFIG_KEY])["spec"]["replicas"] == 16,
         timeout=30, what="the pool spec in the ConfigMap")
     kube.wait_until(lambda: _workers(kube, namespace, name) == 1, timeout=30,
                     what="16 envs on one 64-env worker")

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from envpool_operator import builders
+from envpool_operator import names as names_mod
 from remote_env import spec
 
 pytestmark = [pytest.mark.e2e]
@@ -266,7 +266,7 @@ def test_every_example_reconciles_to_ready(kube_cluster: Any, operator: Operator
         assert [(o["kind"], o["name"], o["controller"]) for o in owners] == [
             ("EnvPool", name, True)]
 
-        cm = _get(kube, "configmap", builders.config_map_name(name), namespace)
+        cm = _get(kube, "configmap", names_mod.config_map_name(name), namespace)
         doc_in_cm = yaml.safe_load(cm["data"]["pool.yaml"])
         assert doc_in_cm["spec"] == pool.to_manifest()
 

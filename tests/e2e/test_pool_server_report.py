@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import ray
 
-from envpool_operator import builders
+from envpool_operator import access, builders, names
 from remote_env import spec
 
 pytestmark = [pytest.mark.e2e]
@@ -89,13 +89,13 @@ def test_serve_patches_only_its_own_envpool_status(
     doc = _envpool("reported", namespace, replicas=2)
     pool = spec.parse_spec(doc["spec"], name="reported", namespace=namespace)
     kube.apply([doc, _envpool("bystander", namespace, replicas=1),
-                builders.build_service_account(pool), builders.build_role(pool),
-                builders.build_role_binding(pool)])
-    kubeconfig = _token_kubeconfig(kube, builders.service_account_name("reported"), namespace,
+                access.build_service_account(pool), access.build_role(pool),
+                access.build_role_binding(pool)])
+    kubeconfig = _token_kubeconfig(kube, names.service_account_name("reported"), namespace,
                                    tmp_path / "sa.kubeconfig")
-    config = tmp_path / builders.CONFIG_KEY
+    config = tmp_path / names.CONFIG_KEY
 
-    config.write_text(builders.build_config_map(pool)["data"][builders.CONFIG_KEY])
+    config.write_text(builders.build_config_map(pool)["data"][names.CONFIG_KEY])
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     env.update(KUBECONFIG=str(kubeconfig), ENVPOOL_POOL_NAMESPACE=namespace,
                ENVPOOL_POOL_NAME="reported")

@@ -303,11 +303,11 @@ def test_rbac_is_least_privilege(helm: str) -> None:
 
 def test_operator_grants_cover_the_pool_server_role(helm: str) -> None:
     """RBAC escalation check: the operator may only create a Role whose rules it holds."""
-    from envpool_operator import builders
+    from envpool_operator import access, builders
     from remote_env import spec
 
-    role = builders.build_role(spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4},
-                                               name="p", namespace="ns"))
+    role = access.build_role(spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4},
+                                             name="p", namespace="ns"))
     docs = render(helm)
     assert isinstance(docs, list)
     held = {(g, r, v) for rule in _rules(by_kind(docs, "ClusterRole")[0])

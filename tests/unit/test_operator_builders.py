@@ -1,4 +1,4 @@
-"""envpool_operator.builders: manifests built from a PoolSpec, checked as plain dicts."""
+"""envpool_operator.builders, .pod_templates, .access: manifests from a PoolSpec, as plain dicts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from envpool_operator import builders, settings
+from envpool_operator import access, builders, names, pod_templates, settings
 from remote_env import spec
 
 SETTINGS = settings.Settings(image="registry.example/envpool:1.0")
@@ -110,7 +110,7 @@ def test_labels_on_everything() -> None:
         *(child["metadata"]["labels"] for child in builders.build_children(pool, SETTINGS)),
     ):
         assert want.items() <= labels.items()
-    assert builders.selector("p1") == "envpool.dev/pool=p1"
+    assert names.selector("p1") == "envpool.dev/pool=p1"
 
 
 def test_restricted_security_context() -> None:
@@ -145,7 +145,7 @@ def test_resources_pass_through_or_default() -> None:
     worker = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
     assert worker["resources"] == {"requests": {"cpu": "3"}, "limits": {"cpu": "3"}}
     head = _containers(rc)["ray-head"]
-    assert head["resources"] == builders.DEFAULT_HEAD_RESOURCES
+    assert head["resources"] == pod_templates.DEFAULT_HEAD_RESOURCES
 
 
 def test_scheduling_fields_of_each_group_go_to_its_pods_only() -> None:
@@ -165,7 +165,7 @@ def test_scheduling_fields_of_each_group_go_to_its_pods_only() -> None:
     assert _head(rc)["spec"]["tolerations"] == [head_tol]
     assert "nodeSelector" not in rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]
     # the pool server reads the same placement back from its config document
-    doc = yaml.safe_load(builders.build_config_map(pool)["data"][builders.CONFIG_KEY])
+    doc = yaml.safe_load(builders.build_config_map(pool)["data"][names.CONFIG_KEY])
     assert doc["spec"]["ray"]["head"]["tolerations"] == [head_tol]
 
 
@@ -179,13 +179,13 @@ def test_head_placement_errors_name_the_head() -> None:
 
 def test_rbac_is_least_privilege_for_own_envpool() -> None:
     pool = _pool(name="p1")
-    role = builders.build_role(pool)
+    role = access.build_role(pool)
     for rule in role["rules"]:
         assert rule["resourceNames"] == ["p1"]
         assert set(rule["verbs"]) <= {"get", "watch", "patch"}
     assert {r for rule in role["rules"] for r in rule["resources"]} == {
         "envpools", "envpools/status"}
-    binding = builders.build_role_binding(pool)
+    binding = access.build_role_binding(pool)
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["name"] == "p1-pool-server"
     rc = builders.build_ray_cluster(pool, SETTINGS)
@@ -218,7 +218,7 @@ def test_ray_token_auth_opt_out() -> None:
 
 
 def test_network_policy_admits_only_the_pool_and_its_trainers() -> None:
-    pol = builders.build_network_policy(_pool(name="p1", metrics={"port": 9100}))
+    pol = access.build_network_policy(_pool(name="p1", metrics={"port": 9100}))
     assert pol["kind"] == "NetworkPolicy" and pol["metadata"]["name"] == "p1-ray"
     sp = pol["spec"]
     assert sp["podSelector"] == {"matchLabels": {"envpool.dev/pool": "p1"}}
@@ -231,7 +231,7 @@ def test_network_policy_admits_only_the_pool_and_its_trainers() -> None:
                              {"podSelector": {"matchLabels": {"envpool.dev/trainer": "p1"}}}]
     # from anywhere: only the pool server's metrics port (Prometheus)
     assert metrics["ports"] == [{"protocol": "TCP", "port": 9100}]
-    assert builders.TRAINER_LABEL == "envpool.dev/trainer"
+    assert names.TRAINER_LABEL == "envpool.dev/trainer"
 
 
 def _hash(**over: Any) -> str:
@@ -272,11 +272,11 @@ def test_hash_changes_for_what_needs_new_pods(over: dict[str, Any]) -> None:
 
 def test_hash_is_on_cluster_and_pod_templates() -> None:
     rc = builders.build_ray_cluster(_pool(), SETTINGS)
-    h = rc["metadata"]["annotations"][builders.CLUSTER_HASH_ANNOTATION]
+    h = rc["metadata"]["annotations"][names.CLUSTER_HASH_ANNOTATION]
     assert h == _hash()
-    assert _head(rc)["metadata"]["annotations"][builders.CLUSTER_HASH_ANNOTATION] == h
+    assert _head(rc)["metadata"]["annotations"][names.CLUSTER_HASH_ANNOTATION] == h
     wt = rc["spec"]["workerGroupSpecs"][0]["template"]
-    assert wt["metadata"]["annotations"][builders.CLUSTER_HASH_ANNOTATION] == h
+    assert wt["metadata"]["annotations"][names.CLUSTER_HASH_ANNOTATION] == h
 
 
 def test_builders_are_deterministic_and_do_not_share_state() -> None:

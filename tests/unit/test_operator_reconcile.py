@@ -13,7 +13,8 @@ import kopf
 import prometheus_client
 import pytest
 
-from envpool_operator import builders, metrics, reconcile, settings, status
+from envpool_operator import bodies, builders, metrics, reconcile, settings, status
+from envpool_operator import runtime as runtime_mod
 from remote_env import restarts
 
 UID = "11111111-2222-3333-4444-555555555555"
@@ -29,9 +30,9 @@ def _body(**spec_over: Any) -> dict[str, Any]:
     }
 
 
-def _runtime(**over: Any) -> reconcile.Runtime:
-    return reconcile.Runtime(settings=settings.Settings(**over),
-                             metrics=metrics.OperatorMetrics(prometheus_client.CollectorRegistry()))
+def _runtime(**over: Any) -> runtime_mod.Runtime:
+    return runtime_mod.Runtime(settings=settings.Settings(**over),
+                               metrics=metrics.OperatorMetrics(prometheus_client.CollectorRegistry()))
 
 
 class _Log:
@@ -122,7 +123,7 @@ def test_a_problem_becomes_a_pending_condition(reason: str, message: str) -> Non
 def test_compute_reflects_the_cached_ray_cluster() -> None:
     runtime = _runtime()
     body = _body()
-    pool = reconcile.parse(body, runtime.settings)
+    pool = bodies.parse(body, runtime.settings)
     rc = builders.build_ray_cluster(pool, runtime.settings)
     rc["metadata"]["generation"] = 1
     rc["status"] = {"observedGeneration": 1, "readyWorkerReplicas": 1, "conditions": [
@@ -146,7 +147,7 @@ def test_refresh_without_a_cached_pool_writes_nothing() -> None:
 def test_refreshed_status_only_when_something_changes() -> None:
     cfg = settings.Settings()
     body = _body()
-    pool = reconcile.parse(body, cfg)
+    pool = bodies.parse(body, cfg)
     rc = builders.build_ray_cluster(pool, cfg)
     rc["status"] = {"conditions": [{"type": "HeadPodReady", "status": "False"}]}
     first = reconcile.refreshed_status(body, rc, cfg)

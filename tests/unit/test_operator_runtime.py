@@ -119,7 +119,8 @@ def test_handlers_register_with_kopf() -> None:
 
 @pytest.mark.parametrize("module", [
     "remote_env.spec", "remote_env.spec.parse", "remote_env.restarts", "envpool_operator.builders",
-    "envpool_operator.status", "envpool_operator.metrics",
+    "envpool_operator.status", "envpool_operator.metrics", "envpool_operator.names",
+    "envpool_operator.pod_templates", "envpool_operator.access", "envpool_operator.bodies",
 ])
 def test_docstring_examples_run(module: str) -> None:
     import doctest

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from envpool_operator import builders, settings, status
+from envpool_operator import builders, names, settings, status
 from remote_env import spec
 
 NOW = datetime.datetime(2026, 6, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
@@ -28,7 +28,7 @@ def _rc(pool: spec.PoolSpec, *, head_ready: bool = True, ready_workers: int | No
     rc = builders.build_ray_cluster(pool, SETTINGS)
     rc["metadata"]["generation"] = generation
     if hash_ is not None:
-        rc["metadata"]["annotations"][builders.CLUSTER_HASH_ANNOTATION] = hash_
+        rc["metadata"]["annotations"][names.CLUSTER_HASH_ANNOTATION] = hash_
     rc["status"] = {
         "state": state,
         "observedGeneration": observed,

@@ -14,7 +14,7 @@ import gymnasium as gym
 import pytest
 import yaml
 
-from envpool_operator import builders
+from envpool_operator import builders, names
 from remote_env import entrypoints, spec
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "examples").glob("*.yaml"))
@@ -31,8 +31,8 @@ def test_the_operators_config_map_document_is_what_serve_reads(path: Path, tmp_p
     doc = yaml.safe_load(path.read_text())
     pool = spec.parse_spec(doc["spec"], name=doc["metadata"]["name"], namespace="team-a")
     cm = builders.build_config_map(pool)
-    f = tmp_path / builders.CONFIG_KEY
-    f.write_text(cm["data"][builders.CONFIG_KEY])
+    f = tmp_path / names.CONFIG_KEY
+    f.write_text(cm["data"][names.CONFIG_KEY])
     ours = spec.load(f)
     assert (ours.name, ours.namespace, ours.replicas, ours.envs_per_actor) == (
         pool.name, "team-a", pool.replicas, pool.envs_per_actor)

@@ -32,6 +32,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from remote_env import multi_agent
+from remote_env import restarts as restarts_mod
 from remote_env._types import Batch, Failure
 from remote_env.host_faults import EnvFn, Slot, SlotFaults, restart_seed
 from remote_env.host_steps import MalformedResultError, reset_one, run_sync, step_one
@@ -82,8 +83,7 @@ class SubEnvHost(HostTransport, SlotFaults):
         self._info: dict[str, Any] | None = None
         self._mode = AutoresetMode(autoreset_mode)
         self._restart = restart_failed
-        self._max_restarts = max_restarts
-        self._backoff = restart_backoff_s
+        self._crash_loop = restarts_mod.CrashLoop(max_restarts, restart_backoff_s)
         self._multi_agent_hint = multi_agent_hint
         self._multi_agent = False
         self._box_obs = False

@@ -25,7 +25,6 @@ log = logging.getLogger("remote_env.pool.server")
 HEAD_RESOURCE: Final = "node:__internal_head__"
 #: An actor that stayed healthy this long starts its failure count afresh.
 HEALTHY_RESET_S: Final = 60.0
-MAX_BACKOFF_S: Final = 60.0
 #: Without hang detection, an actor Ray calls unavailable this long is dead.
 UNAVAILABLE_DEAD_S: Final = 60.0
 
@@ -78,11 +77,11 @@ class ActorSet:
         if signature(old) != signature(spec):
             log.info("pool %s: env or actor settings changed: replacing every actor", spec.name)
             for s in self.slots.values():
-                s.failures = 0
+                s.streak = restarts.Streak()
                 self.relaunch(s, after_failure=False)
         for s in self.slots.values():
             if s.state == "failed":  # a new spec is the user's retry
-                s.failures = 0
+                s.streak = restarts.Streak()
                 s.retry_at = now
                 s.state = "backoff"
         self.dirty = True
@@ -170,7 +169,7 @@ class ActorSet:
             except Exception:  # only informational
                 s.node_id = ""
             s.state = "ready"
-            s.ready_since = now
+            s.streak.up(now)
             s.silent_since = None
             s.last_error = ""
             self.dirty = True
@@ -193,6 +192,8 @@ class ActorSet:
                 try:
                     ray.get(ref)
                     s.silent_since = None
+                    if s.streak.failures:
+                        self.crash_loop().succeeded(s.streak, now)
                 except ray.exceptions.ActorUnavailableError:
                     pass  # maybe transient (network); the silence timer keeps running
                 except ray.exceptions.RayActorError as exc:
@@ -225,6 +226,13 @@ class ActorSet:
                 self._launch(s)
 
 
+    def crash_loop(self) -> restarts.CrashLoop:
+        """The rule for the pool's actors (from the running spec): no steps are seen
+        here, so the proof of health is a good ping after HEALTHY_RESET_S of being up."""
+        ft = self.spec.fault_tolerance
+        return restarts.CrashLoop(ft.max_restarts, ft.restart_backoff_seconds,
+                                  healthy_after_s=HEALTHY_RESET_S)
+
     def fail(self, s: Slot, reason: str, message: str, now: float) -> None:
         """``s``'s actor failed: kill it and restart it (backoff), or give up."""
         ft = self.spec.fault_tolerance
@@ -232,21 +240,22 @@ class ActorSet:
         kill(s.handle)
         s.ping_ref = s.start_ref = None
         s.silent_since = None
-        if s.state == "ready" and now - s.ready_since >= HEALTHY_RESET_S:
-            s.failures = 0
-        s.failures += 1
+        rule = self.crash_loop()
+        if s.state == "ready":
+            # up until now: proof of health too, though no ping may have landed since
+            rule.succeeded(s.streak, now)
+        delay = rule.failed(s.streak)
         s.last_error = f"{s.name}: {reason}: {message}"
         self.last_error = s.last_error
         self.dirty = True
-        if not ft.restart_failed_envs or s.failures > ft.max_restarts:
+        if not ft.restart_failed_envs or delay is None:
             s.state = "failed"
             why = ("faultTolerance.restartFailedEnvs is false" if not ft.restart_failed_envs
-                   else f"{s.failures} failures in a row (maxRestarts={ft.max_restarts})")
+                   else f"{s.streak.failures} failures in a row (maxRestarts={ft.max_restarts})")
             s.last_error += f"; not restarted: {why}"
             self.last_error = s.last_error
             log.error("pool %s: %s", self.spec.name, s.last_error)
             return
-        delay = restarts.backoff(ft.restart_backoff_seconds, s.failures - 1, MAX_BACKOFF_S)
         log.warning("pool %s: %s; restarting its %d envs in %.1fs", self.spec.name,
                     s.last_error, s.num_envs, delay)
         s.after_failure = True

@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any, Final
 
+from remote_env import restarts as restarts_mod
 from remote_env import spec as spec_mod
 from remote_env.pool import registry as registry_mod
 
@@ -39,9 +40,9 @@ class Slot:
     ping_sent: float = 0.0
     # when the actor stopped answering (first unanswered ping), for hang detection
     silent_since: float | None = None
-    ready_since: float = 0.0
     restarts: int = 0
-    failures: int = 0  # consecutive
+    # consecutive failures; up since the actor last became ready
+    streak: restarts_mod.Streak = dataclasses.field(default_factory=restarts_mod.Streak)
     retry_at: float = 0.0
     last_error: str = ""
     node_id: str = ""

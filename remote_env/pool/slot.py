@@ -1,4 +1,5 @@
-"""One env actor position of a pool (a slot) and the small helpers around its actor."""
+"""One env actor position of a pool (a slot), its published record and the small
+helpers around its actor."""
 
 from __future__ import annotations
 
@@ -6,13 +7,28 @@ import dataclasses
 import hashlib
 import json
 import re
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from remote_env import restarts as restarts_mod
 from remote_env import spec as spec_mod
-from remote_env.pool import registry as registry_mod
 
 HOST_NAME_RE: Final = re.compile(r"^host-(\d+)-g(\d+)$")
+
+SlotState = Literal["starting", "ready", "backoff", "failed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotInfo:
+    """One env actor of the pool, as the pool server last published it."""
+
+    slot: int
+    actor_name: str
+    actor_id: str  # hex; changes when the actor is replaced
+    num_envs: int
+    state: SlotState
+    restarts: int = 0
+    node_id: str = ""
+    last_error: str = ""
 
 
 def host_name(slot: int, generation: int) -> str:
@@ -34,7 +50,7 @@ class Slot:
     generation: int = 0
     handle: Any = None
     actor_id: str = ""
-    state: registry_mod.SlotState = "starting"
+    state: SlotState = "starting"
     start_ref: Any = None
     ping_ref: Any = None
     ping_sent: float = 0.0
@@ -54,8 +70,8 @@ class Slot:
     def name(self) -> str:
         return host_name(self.slot, self.generation)
 
-    def info(self) -> registry_mod.SlotInfo:
-        return registry_mod.SlotInfo(
+    def info(self) -> SlotInfo:
+        return SlotInfo(
             self.slot, self.name, self.actor_id, self.num_envs, self.state, self.restarts,
             self.node_id, self.last_error,
         )

@@ -19,7 +19,7 @@ import numpy as np
 
 from remote_env import channel, errors, restarts, shared_arrays
 from remote_env._types import FailureReason
-from remote_env.host import EnvFn, SubEnvHost
+from remote_env.actor.host import EnvFn, SubEnvHost
 
 
 @dataclasses.dataclass

@@ -1,6 +1,6 @@
 """``RemoteVectorEnv``: a gymnasium ``VectorEnv`` whose sub-envs live in Ray actors.
 
-The public API. Each actor is a :class:`~remote_env.host.SubEnvHost` holding
+The public API. Each actor is a :class:`~remote_env.actor.host.SubEnvHost` holding
 ``envs_per_actor`` sub-envs; one call steps all of them, autoreset happens in the
 actor, and the driver only checks input, splits actions, merges results and
 supervises. Where the rest lives (each imports only those above it):
@@ -30,8 +30,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from remote_env import actor_set as _actors
 from remote_env import checks, ray_connect
+from remote_env.actor.host import EnvFn
 from remote_env.assembly import Assembler
-from remote_env.host import EnvFn
 from remote_env.metrics import PoolMetrics
 from remote_env.spec.fields import DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_RESTARTS
 from remote_env.stepping import Stepping
@@ -190,7 +190,7 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
         except BaseException:
             self._kill_owned()
             raise
-        # the sub-envs have astep/areset and the actors await them (see host.py)
+        # the sub-envs have astep/areset and the actors await them (see actor/host.py)
         self.async_steps = bool(info.get("async_steps", False))
         self.single_action_space = info["action_space"]
         if self.multi_agent:

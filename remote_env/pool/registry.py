@@ -20,7 +20,7 @@ server finds its layout and leases here, a trainer finds the actors here.
 Leases are fenced. Each grant gets an epoch larger than any before it (from the
 wall clock, so a restarted registry keeps counting up); the registry raises the
 fence of every leased actor to it before the grant returns, and trainers send
-their epoch with every host call (:meth:`remote_env.host.SubEnvHost.fenced`), so
+their epoch with every host call (:meth:`remote_env.actor.host.SubEnvHost.fenced`), so
 a trainer that resumes after its lease went to someone else gets
 ``LeaseLostError`` from the actor itself, not a step of another trainer's env.
 Only the holder (who knows the lease id, shown nowhere else) can release a lease

@@ -94,7 +94,7 @@ class Slot:
 
 
 class SlotFaults:
-    """Mixin of :class:`~remote_env.host.SubEnvHost`: (re)creating its sub-envs."""
+    """Mixin of :class:`~remote_env.actor.host.SubEnvHost`: (re)creating its sub-envs."""
 
     _restart: bool
     #: a good step is the proof of health (healthy_after_s=0)

@@ -18,10 +18,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from remote_env import multi_agent
-from remote_env.host_faults import Slot, restart_seed
+from remote_env.actor.faults import Slot, restart_seed
 
 if TYPE_CHECKING:
-    from remote_env.host import SubEnvHost
+    from remote_env.actor.host import SubEnvHost
 
 T = TypeVar("T")
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from remote_env import channel, errors, shared_arrays
+from remote_env import channel, errors, restarts, shared_arrays
 from remote_env._types import FailureReason
-from remote_env.host import EnvFn, SubEnvHost
+from remote_env.actor.host import EnvFn, SubEnvHost
 
 
 @dataclasses.dataclass
@@ -31,7 +31,8 @@ class Host:
     owned: bool
     # start() of a replacement actor, not yet checked
     start_ref: Any = None
-    actor_failures: int = 0
+    # consecutive losses of this host's actor (see FaultHandling._crash_loop)
+    streak: restarts.Streak = dataclasses.field(default_factory=restarts.Streak)
     lo: int = -1  # env_ids == range(lo, hi) when contiguous, else lo == -1
     hi: int = -1
     # the Unix-socket data path to this actor (same node as the driver), once opened

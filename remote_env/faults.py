@@ -25,7 +25,6 @@ from remote_env._types import Batch, FailureReason
 from remote_env.actor_set import ActorSet, Call, Deferred, FollowUp, Host
 from remote_env.assembly import Assembler
 
-_MAX_BACKOFF_S = 60.0
 # how often a running actor_replacer is looked at while other calls are waited for
 _REPLACER_POLL_S = 0.005
 
@@ -66,6 +65,13 @@ class FaultHandling(ActorSet):
                 self._enqueue(call)
 
     # ------------------------------------------------------- replacements
+    @property
+    def _crash_loop(self) -> restarts.CrashLoop:
+        """The rule for lost actors: a good step is the proof of health, and the first
+        replacement of a streak is immediate (backoff from the second loss in a row)."""
+        return restarts.CrashLoop(self.max_restarts, self.restart_backoff_s,
+                                  immediate_restarts=1)
+
     def _advance(self) -> float | None:
         """Move replacements on; return when one needs looking at next (None: none)."""
         wake: float | None = None
@@ -121,7 +127,7 @@ class FaultHandling(ActorSet):
         """The actor of ``host`` is lost: count it, kill it, schedule its replacement."""
         k = len(host.env_ids)
         self.metrics.failures[reason].inc(k)
-        host.actor_failures += 1
+        delay = self._crash_loop.failed(host.streak)
         host.generation += 1
         host.start_ref = None
         first = int(host.env_ids[0])
@@ -135,16 +141,15 @@ class FaultHandling(ActorSet):
         if not self.restart_failed:
             self._failed[host.env_ids] = True
             raise errors.SubEnvironmentError(first, f"{what} failed ({reason}): {message}")
-        if host.actor_failures > self.max_restarts:
+        if delay is None:
             self._failed[host.env_ids] = True
             raise errors.SubEnvironmentFailedError(
-                first, f"{what} failed {host.actor_failures} times in a row "
+                first, f"{what} failed {host.streak.failures} times in a row "
                 f"(max_restarts={self.max_restarts}); last: {reason}: {message}"
             )
         self._restarts[host.env_ids] += 1
         self.metrics.actor_restarts.inc()
         self.metrics.env_restarts.inc(k)
-        delay = restarts.backoff(self.restart_backoff_s, host.actor_failures - 2, _MAX_BACKOFF_S)
         host.reason = reason
         host.retry_at = time.perf_counter() + delay
         self._advance()
@@ -201,8 +206,8 @@ class FaultHandling(ActorSet):
                 ids[0], f"the result for sub-environments {ids} could not be received here: "
                 f"{type(exc).__name__}: {str(exc).strip()}"
             ) from exc
-        if current and not batch.is_reset:
-            host.actor_failures = 0  # a good step ends a crash loop
+        if current and not batch.is_reset and host.streak.failures:
+            self._crash_loop.succeeded(host.streak)  # a good step ends a crash loop
         if call.follow_up is not None:
             return self._assembler.failed(call.positions, call.env_ids, call.follow_up.error,
                                           call.is_reset, reset=batch, last=call.follow_up.last_obs)

@@ -1,6 +1,6 @@
 """``RemoteVectorEnv``: a gymnasium ``VectorEnv`` whose sub-envs live in Ray actors.
 
-The public API. Each actor is a :class:`~remote_env.host.SubEnvHost` holding
+The public API. Each actor is a :class:`~remote_env.actor.host.SubEnvHost` holding
 ``envs_per_actor`` sub-envs; one call steps all of them, autoreset happens in the
 actor, and the driver only checks input, splits actions, merges results and
 supervises. Where the rest lives (each imports only those above it):
@@ -10,7 +10,8 @@ supervises. Where the rest lives (each imports only those above it):
 * :mod:`remote_env.faults` -- lost actors, hangs, replacement without stalling;
 * :mod:`remote_env.calls` -- the calls in flight and the one wait loop;
 * :mod:`remote_env.assembly` -- host results into gymnasium's batched results;
-* :mod:`remote_env.attributes` -- ``call``/``get_attr``/``set_attr`` and seeds.
+* :mod:`remote_env.attributes` -- ``call``/``get_attr``/``set_attr`` and seeds;
+* :mod:`remote_env.stepping` -- ``reset``, ``step``, ``send``/``recv``.
 
 ``step``/``step_async``/``step_wait`` step every env (same results as
 ``SyncVectorEnv`` for the same seeds and actions); ``send(actions, env_ids)``/
@@ -20,9 +21,6 @@ supervises. Where the rest lives (each imports only those above it):
 
 from __future__ import annotations
 
-import enum
-import multiprocessing
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -31,23 +29,18 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from remote_env import actor_set as _actors
-from remote_env import checks, errors, ray_connect
-from remote_env.assembly import Assembler, Results
-from remote_env.attributes import EnvAttributes
-from remote_env.host import EnvFn
+from remote_env import checks, ray_connect
+from remote_env.actor.host import EnvFn
+from remote_env.assembly import Assembler
 from remote_env.metrics import PoolMetrics
 from remote_env.spec.fields import DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_RESTARTS
+from remote_env.stepping import Stepping
 
 TRANSPORTS = checks.TRANSPORTS
 _E = TypeVar("_E", bound="RemoteVectorEnv")
 
 
-class _State(enum.Enum):
-    DEFAULT = "default"
-    WAITING_STEP = "step"
-
-
-class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
+class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
     """Vector env with sub-environments in Ray actors, dynamic batching and restarts.
 
     Args:
@@ -183,7 +176,6 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
         self._was_reset = np.full(n, existing_actors is not None, dtype=np.bool_)
         self._calls: dict[Any, _actors.Call] = {}
         self._gathered = []
-        self._state = _State.DEFAULT
         self._hosts: list[_actors.Host] = []
         self._env_host = np.zeros(n, dtype=np.int64)
         self._env_pos = np.zeros(n, dtype=np.int64)
@@ -198,7 +190,7 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
         except BaseException:
             self._kill_owned()
             raise
-        # the sub-envs have astep/areset and the actors await them (see host.py)
+        # the sub-envs have astep/areset and the actors await them (see actor/host.py)
         self.async_steps = bool(info.get("async_steps", False))
         self.single_action_space = info["action_space"]
         if self.multi_agent:
@@ -250,155 +242,6 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
 
         return attach(name, **kwargs)
 
-    # ----------------------------------------------------------------- reset
-    def reset(
-        self,
-        *,
-        seed: int | Sequence[int | None] | None = None,
-        options: dict[str, Any] | None = None,
-    ) -> tuple[Any, dict[str, Any]]:
-        """Reset all sub-envs (or those in ``options["reset_mask"]``), like ``SyncVectorEnv``."""
-        self._check_idle("reset")
-        seeds = checks.seeds(seed, self.num_envs)
-        options = dict(options) if options is not None else None
-        mask = np.ones(self.num_envs, dtype=np.bool_)
-        if options is not None and "reset_mask" in options:
-            mask = checks.reset_mask(options.pop("reset_mask"), self.num_envs)
-        env_ids = np.flatnonzero(mask)
-        self._submit(env_ids, [seeds[i] for i in env_ids], options, is_reset=True)
-        self._was_reset[env_ids] = True
-        obs, _, _, _, infos = self._assembler.full(self._collect_all(None))
-        return obs, infos
-
-    def async_reset(
-        self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
-    ) -> None:
-        """Send a reset to every sub-env; :meth:`recv` returns them as they come (EnvPool style)."""
-        self._check_idle("async_reset")
-        seeds = checks.seeds(seed, self.num_envs)
-        ids = np.arange(self.num_envs)
-        self._submit(ids, seeds, dict(options) if options else None, is_reset=True)
-        self._was_reset[ids] = True
-
-    def _check_idle(self, what: str) -> None:
-        self._check_open()
-        if self._calls:
-            raise errors.AlreadyPendingCallError(
-                f"Calling `{what}` while waiting for a pending call to `{self._pending_name()}` "
-                "to complete (finish it with step_wait() or recv())",
-                self._pending_name(),
-            )
-
-    # ------------------------------------------------------------------ step
-    def step(self, actions: Any) -> Results:
-        """Step every sub-env with ``actions`` (batched as ``action_space``)."""
-        self.step_async(actions)
-        return self.step_wait()
-
-    def step_async(self, actions: Any) -> None:
-        """Send ``actions`` to every sub-env; collect with :meth:`step_wait`."""
-        self._check_idle("step_async")
-        ids = np.arange(self.num_envs)
-        self._check_reset(ids)
-        self._submit(ids, self._actions(actions, ids), None, is_reset=False)
-        self._state = _State.WAITING_STEP
-
-    def step_wait(self, timeout: float | None = None) -> Results:
-        """Wait for the step sent by :meth:`step_async`.
-
-        Raises:
-            multiprocessing.TimeoutError: not all envs answered within ``timeout``
-                seconds (the call stays pending; call ``step_wait`` again).
-        """
-        self._check_open()
-        if self._state is not _State.WAITING_STEP:
-            raise errors.NoAsyncCallError(
-                "Calling `step_wait` without any prior call to `step_async`.", "step"
-            )
-        t0 = time.perf_counter()
-        try:
-            batches = self._collect_all(timeout)
-        except multiprocessing.TimeoutError:
-            raise  # still pending
-        except BaseException:
-            self._state = _State.DEFAULT
-            raise
-        self._state = _State.DEFAULT
-        result = self._assembler.full(batches)
-        self.metrics.observe_poll(self.num_envs, time.perf_counter() - t0)
-        self.metrics.steps.inc(self.num_envs)
-        return result
-
-    # ----------------------------------------------- dynamic batching (EnvPool)
-    def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
-        """Step the sub-envs ``env_ids`` (all when None) with ``actions``, without waiting.
-
-        ``actions`` holds one action per id, in the order of ``env_ids``.
-        """
-        self._check_open()
-        if self._state is _State.WAITING_STEP:
-            raise errors.AlreadyPendingCallError(
-                "send() called while a step_async() is pending; call step_wait() first", "step"
-            )
-        ids = checks.env_ids(env_ids, self.num_envs)
-        busy = ids[self._busy[ids]]
-        if len(busy):
-            raise errors.AlreadyPendingCallError(
-                f"env ids {busy.tolist()} already have a call in flight; recv() their results "
-                "before sending them again",
-                "step",
-            )
-        self._check_reset(ids)
-        self._submit(ids, self._actions(actions, ids), None, is_reset=False)
-
-    def _check_reset(self, ids: np.ndarray) -> None:
-        """gymnasium's order: reset before the first step (``ResetNeeded``, before sending)."""
-        never = ids[~self._was_reset[ids]]
-        if len(never):
-            raise gym.error.ResetNeeded(
-                f"sub-environments {never.tolist()} were never reset: call reset() (or "
-                "async_reset() and recv()) before step()/send(), as gymnasium requires")
-
-    def recv(self, timeout: float | None = None) -> Results:
-        """Return the sub-envs that are ready within ``batch_wait_ms`` (at least one).
-
-        Returns ``(obs, rewards, terminations, truncations, infos)`` for the ready
-        envs only; their ids are in ``infos["env_id"]`` (ascending). An env whose
-        actor hangs comes back within ``step_timeout_s + batch_wait_ms`` as a
-        truncated step with ``info["error"]``, whatever the other envs do.
-
-        Raises:
-            NoAsyncCallError: nothing was sent.
-            multiprocessing.TimeoutError: no env was ready within ``timeout`` seconds.
-        """
-        self._check_open()
-        if not self._calls or self._state is _State.WAITING_STEP:
-            raise errors.NoAsyncCallError(
-                "recv() called with nothing sent; call send() or async_reset() first", "step"
-            )
-        t0 = time.perf_counter()
-        batches: list[Any] = []
-        while not batches:  # a lost actor's envs may still be waiting for its replacement
-            left = None if timeout is None else max(0.0, t0 + timeout - time.perf_counter())
-            try:
-                keys, hung = self._poll(every=False, timeout=left,
-                                        gather_s=self.batch_wait_ms / 1000)
-            except multiprocessing.TimeoutError:
-                raise multiprocessing.TimeoutError(
-                    f"recv() timed out after {timeout}s with no sub-env ready") from None
-            batches = self._collect(keys, hung)
-        result = self._assembler.partial(batches)
-        self.metrics.observe_poll(len(result[4]["env_id"]), time.perf_counter() - t0)
-        stepped = sum(len(ids) for ids, b in batches if not b.is_reset)
-        if stepped:
-            self.metrics.steps.inc(stepped)
-        return result
-
-    def _actions(self, actions: Any, ids: np.ndarray) -> Any:
-        if self.multi_agent:
-            return checks.multi_agent_actions(actions, len(ids))
-        return checks.actions(self.single_action_space, actions, ids)
-
     @property
     def actors(self) -> list[Any]:
         """The host actor handles, in env order."""
@@ -428,16 +271,6 @@ class RemoteVectorEnv(EnvAttributes, VectorEnv[Any, Any, Any]):  # type: ignore[
                     except Exception:
                         pass
             self._kill_owned()
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise errors.ClosedEnvironmentError(
-                f"Trying to operate on `{type(self).__name__}`, after a call to `close()`."
-            )
-
-    def _pending_name(self) -> str:
-        calls = list(self._calls.values())
-        return "reset" if calls and calls[0].is_reset else "step"
 
     def _state_counts(self) -> dict[str, int]:
         restarting = self._replacing_envs()

@@ -85,9 +85,9 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     try:
         if args.file:
             from remote_env import spec
-            from remote_env.pool import actors
+            from remote_env.pool import launch
 
-            bad_env = actors.runtime_env_error(spec.load(args.file).ray.runtime_env)
+            bad_env = launch.runtime_env_error(spec.load(args.file).ray.runtime_env)
             if bad_env is not None:
                 parser.error(f"{args.file}: spec.ray.runtimeEnv: {bad_env}")
         else:

@@ -30,7 +30,7 @@ from typing import Any
 
 from remote_env import kubeconfig, ray_connect
 from remote_env import spec as spec_mod
-from remote_env.pool import actors, spec_source
+from remote_env.pool import launch, spec_source
 
 log = logging.getLogger("remote_env.serve")
 
@@ -97,7 +97,7 @@ def serve(args: argparse.Namespace) -> int:
     except spec_mod.SpecError as exc:
         print(f"envpool serve: {exc}", file=sys.stderr)
         return 2
-    bad_env = actors.runtime_env_error(spec.ray.runtime_env)
+    bad_env = launch.runtime_env_error(spec.ray.runtime_env)
     if bad_env is not None:
         print(f"envpool serve: {args.config}: spec.ray.runtimeEnv: {bad_env}", file=sys.stderr)
         return 2

@@ -1,36 +1,41 @@
-"""The pool's env actors: created, adopted, pinged, replaced and scaled.
+"""The pool's env actors: adopted, pinged, replaced and scaled.
 
 :class:`ActorSet` owns the slots (one env actor position each) and what happens to
 their actors; :class:`~remote_env.pool.server.PoolServer` drives it once a tick and
-publishes what it holds. Failures are retried with :func:`remote_env.restarts.backoff`
-and counted under :class:`remote_env.restarts.CrashLoop`'s rule.
+publishes what it holds. Failures are counted and retried under
+:class:`remote_env.restarts.CrashLoop`'s rule; :mod:`remote_env.pool.launch` asks
+Ray for the actors.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from remote_env import entrypoints, restarts
+from remote_env import restarts
 from remote_env import spec as spec_mod
 from remote_env.metrics import FAILURE_REASONS, PoolMetrics
-from remote_env.pool import registry as registry_mod
-from remote_env.pool.slot import HOST_NAME_RE, Slot, first_line, kill, node_id, signature
+from remote_env.pool import launch
+from remote_env.pool.slot import (
+    HOST_NAME_RE,
+    Slot,
+    SlotInfo,
+    first_line,
+    kill,
+    node_id,
+    signature,
+)
 
 log = logging.getLogger("remote_env.pool.server")
 
-#: Ray's marker resource of the head node.
-HEAD_RESOURCE: Final = "node:__internal_head__"
 #: An actor that stayed healthy this long starts its failure count afresh.
 HEALTHY_RESET_S: Final = 60.0
-MAX_BACKOFF_S: Final = 60.0
 #: Without hang detection, an actor Ray calls unavailable this long is dead.
 UNAVAILABLE_DEAD_S: Final = 60.0
 
 
-class ActorSet:
+class ActorSet(launch.Launcher):
     """One pool's env actors in Ray namespace ``ray_namespace``.
 
     ``dirty`` says the layout changed since :class:`PoolServer` last published it.
@@ -53,7 +58,7 @@ class ActorSet:
         self._env_resource_required = env_resource
         self._env_resource: tuple[float, bool] = (0.0, False)
 
-    def layout(self) -> list[registry_mod.SlotInfo]:
+    def layout(self) -> list[SlotInfo]:
         return [s.info() for s in sorted(self.slots.values(), key=lambda x: x.slot)]
 
     def supervise(self, now: float, leased: Mapping[int, str]) -> None:
@@ -78,11 +83,11 @@ class ActorSet:
         if signature(old) != signature(spec):
             log.info("pool %s: env or actor settings changed: replacing every actor", spec.name)
             for s in self.slots.values():
-                s.failures = 0
+                s.streak = restarts.Streak()
                 self.relaunch(s, after_failure=False)
         for s in self.slots.values():
             if s.state == "failed":  # a new spec is the user's retry
-                s.failures = 0
+                s.streak = restarts.Streak()
                 s.retry_at = now
                 s.state = "backoff"
         self.dirty = True
@@ -170,7 +175,7 @@ class ActorSet:
             except Exception:  # only informational
                 s.node_id = ""
             s.state = "ready"
-            s.ready_since = now
+            s.streak.up(now)
             s.silent_since = None
             s.last_error = ""
             self.dirty = True
@@ -193,6 +198,8 @@ class ActorSet:
                 try:
                     ray.get(ref)
                     s.silent_since = None
+                    if s.streak.failures:
+                        self.crash_loop().succeeded(s.streak, now)
                 except ray.exceptions.ActorUnavailableError:
                     pass  # maybe transient (network); the silence timer keeps running
                 except ray.exceptions.RayActorError as exc:
@@ -225,6 +232,13 @@ class ActorSet:
                 self._launch(s)
 
 
+    def crash_loop(self) -> restarts.CrashLoop:
+        """The rule for the pool's actors (from the running spec): no steps are seen
+        here, so the proof of health is a good ping after HEALTHY_RESET_S of being up."""
+        ft = self.spec.fault_tolerance
+        return restarts.CrashLoop(ft.max_restarts, ft.restart_backoff_seconds,
+                                  healthy_after_s=HEALTHY_RESET_S)
+
     def fail(self, s: Slot, reason: str, message: str, now: float) -> None:
         """``s``'s actor failed: kill it and restart it (backoff), or give up."""
         ft = self.spec.fault_tolerance
@@ -232,21 +246,22 @@ class ActorSet:
         kill(s.handle)
         s.ping_ref = s.start_ref = None
         s.silent_since = None
-        if s.state == "ready" and now - s.ready_since >= HEALTHY_RESET_S:
-            s.failures = 0
-        s.failures += 1
+        rule = self.crash_loop()
+        if s.state == "ready":
+            # up until now: proof of health too, though no ping may have landed since
+            rule.succeeded(s.streak, now)
+        delay = rule.failed(s.streak)
         s.last_error = f"{s.name}: {reason}: {message}"
         self.last_error = s.last_error
         self.dirty = True
-        if not ft.restart_failed_envs or s.failures > ft.max_restarts:
+        if not ft.restart_failed_envs or delay is None:
             s.state = "failed"
             why = ("faultTolerance.restartFailedEnvs is false" if not ft.restart_failed_envs
-                   else f"{s.failures} failures in a row (maxRestarts={ft.max_restarts})")
+                   else f"{s.streak.failures} failures in a row (maxRestarts={ft.max_restarts})")
             s.last_error += f"; not restarted: {why}"
             self.last_error = s.last_error
             log.error("pool %s: %s", self.spec.name, s.last_error)
             return
-        delay = restarts.backoff(ft.restart_backoff_seconds, s.failures - 1, MAX_BACKOFF_S)
         log.warning("pool %s: %s; restarting its %d envs in %.1fs", self.spec.name,
                     s.last_error, s.num_envs, delay)
         s.after_failure = True
@@ -255,98 +270,6 @@ class ActorSet:
         s.retry_at = now + delay
         if delay == 0:
             self._launch(s)
-
-
-    def relaunch(self, s: Slot, *, after_failure: bool) -> None:
-        kill(s.handle)
-        s.ping_ref = s.start_ref = None
-        s.silent_since = None
-        s.after_failure = after_failure
-        self._launch(s)
-
-
-    def _launch(self, s: Slot) -> None:
-        """Create ``s``'s next-generation actor and send it ``start()``."""
-        from remote_env.vector import RemoteVectorEnv
-
-        spec = self.spec
-        ft = spec.fault_tolerance
-        options: dict[str, Any] = {
-            "namespace": self.ray_namespace,
-            "lifetime": "detached",
-            "max_concurrency": 1,
-            "max_restarts": 0,  # restarts are ours: Ray's would come back un-started
-        }
-        if spec.ray.runtime_env:
-            options["runtime_env"] = dict(spec.ray.runtime_env)
-        if self._has_env_resource():
-            # The env units are the placement; num_cpus=0 because Ray holds 1 CPU per
-            # actor for its lifetime once any resource is named, which would cap a
-            # worker pod at one actor per CPU instead of envsPerWorker envs.
-            options["resources"] = {spec_mod.ENV_RESOURCE: s.num_envs}
-            options["num_cpus"] = 0
-        options.update(self._actor_options)
-        kwargs: dict[str, Any] = {
-            "autoreset_mode": spec.autoreset_mode,
-            "threads": spec.threads_per_actor,
-            "restart_failed": ft.restart_failed_envs,
-            "max_restarts": ft.max_restarts,
-            "restart_backoff_s": ft.restart_backoff_seconds,
-            "multi_agent_hint": True if spec.env.multi_agent else None,
-        }
-        if s.after_failure:
-            # Fresh envs must be reset before stepping; NEXT_STEP does it on the next step.
-            kwargs["restart_seeds"] = [None] * s.num_envs
-            kwargs["restarts"] = [s.restarts] * s.num_envs
-        host_cls = RemoteVectorEnv.host_class()
-        factory = entrypoints.EnvFactory.from_spec(spec.env)
-        bad_env = runtime_env_error(spec.ray.runtime_env)
-        if bad_env is not None:
-            self._launch_failed(s, f"spec.ray.runtimeEnv: {bad_env}")
-            return
-        for _ in range(3):
-            s.generation += 1
-            try:
-                s.handle = host_cls.options(name=s.name, **options).remote(
-                    [factory] * s.num_envs, **kwargs)
-                break
-            except ValueError as exc:
-                if "already taken" not in str(exc):
-                    self._launch_failed(s, first_line(exc))
-                    return
-                log.warning("pool %s: %s", spec.name, exc)  # a stale actor: skip a generation
-            except Exception as exc:  # Ray refused the actor: no retry will do better
-                self._launch_failed(s, first_line(exc))
-                return
-        else:
-            raise RuntimeError(f"pool {spec.name}: cannot name a new actor for slot {s.slot}")
-        s.actor_id = s.handle._actor_id.hex()
-        s.start_ref = s.handle.start.remote()
-        s.state = "starting"
-        s.node_id = ""
-        self.dirty = True
-
-
-    def _launch_failed(self, s: Slot, message: str) -> None:
-        """Ray would not create ``s``'s actor: the slot is failed, with the reason."""
-        s.handle = s.ping_ref = s.start_ref = None
-        s.state = "failed"
-        s.last_error = f"{s.name}: launch failed: {message}"
-        self.last_error = s.last_error
-        self.metrics.failures["exception"].inc(s.num_envs)
-        self.dirty = True
-        log.error("pool %s: %s", self.spec.name, s.last_error)
-
-    def _has_env_resource(self) -> bool:
-        import ray
-
-        if self._env_resource_required is not None:
-            return self._env_resource_required
-        checked, has = self._env_resource
-        if time.monotonic() - checked > 5.0:
-            has = spec_mod.ENV_RESOURCE in ray.cluster_resources()  # type: ignore[no-untyped-call]
-            self._env_resource = (time.monotonic(), has)
-        return has
 
 
     def scale(self, now: float, leased: Mapping[int, str]) -> None:
@@ -401,21 +324,3 @@ class ActorSet:
                 if left > self.spec.desired_envs else ""
             log.info("pool %s: scaled down by %d to %d envs in %d actors%s", self.spec.name,
                      removed, left, len(self.slots), held)
-
-
-def runtime_env_error(runtime_env: Mapping[str, Any]) -> str | None:
-    """What Ray's own ``RuntimeEnv`` says is wrong with ``runtime_env`` (None: nothing).
-
-    Here, not in the spec parser: the spec model is pure (no Ray import); this runs
-    where a spec is loaded to be run (``envpool run -f``, ``envpool serve``) and
-    again before each actor launch.
-    """
-    if not runtime_env:
-        return None
-    from ray.runtime_env import RuntimeEnv
-
-    try:
-        RuntimeEnv(**dict(runtime_env))
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None

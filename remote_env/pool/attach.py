@@ -29,6 +29,7 @@ from typing import Any, Final
 from remote_env import errors, ray_connect
 from remote_env import spec as spec_mod
 from remote_env.pool import registry as pool_registry
+from remote_env.pool import slot as pool_slot
 from remote_env.vector import RemoteVectorEnv
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class _PoolReplacer:
             res = self._registry_call(deadline, "wait_for_replacement", slot, actor_id,
                                       max(0.0, min(left, 10.0)), self.lease_id)
             if "slot" in res:
-                info: pool_registry.SlotInfo = res["slot"]
+                info: pool_slot.SlotInfo = res["slot"]
                 handle = ray.get_actor(info.actor_name, namespace=self.namespace)
                 self.slot_of[info.actor_id] = slot
                 return handle
@@ -298,7 +299,7 @@ def _build(name: str, ns: str, registry: Any, lease: dict[str, Any], keeper: _Le
     import ray
 
     pool = spec_mod.parse_manifest(lease["pool_info"]["document"])
-    slots: list[pool_registry.SlotInfo] = lease["slots"]
+    slots: list[pool_slot.SlotInfo] = lease["slots"]
     mode = pool.autoreset_mode
     asked = kwargs.pop("autoreset_mode", mode)
     if str(getattr(asked, "value", asked)) != mode:

@@ -20,7 +20,7 @@ server finds its layout and leases here, a trainer finds the actors here.
 Leases are fenced. Each grant gets an epoch larger than any before it (from the
 wall clock, so a restarted registry keeps counting up); the registry raises the
 fence of every leased actor to it before the grant returns, and trainers send
-their epoch with every host call (:meth:`remote_env.host.SubEnvHost.fenced`), so
+their epoch with every host call (:meth:`remote_env.actor.host.SubEnvHost.fenced`), so
 a trainer that resumes after its lease went to someone else gets
 ``LeaseLostError`` from the actor itself, not a step of another trainer's env.
 Only the holder (who knows the lease id, shown nowhere else) can release a lease
@@ -32,78 +32,43 @@ unit-tested in-process with a fake clock.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from remote_env import errors
+from remote_env.pool import leases as leases_mod
+from remote_env.pool.leases import LeaseError
+from remote_env.pool.slot import SlotInfo
+
+__all__ = ["REGISTRY_NAME", "LeaseError", "PoolRegistry", "get_registry", "remote_class"]
 
 REGISTRY_NAME: Final = "envpool-registry"
 #: Threads of the registry actor: long-polls (pool server, trainers waiting for a
 #: replacement) each hold one while they wait.
 REGISTRY_CONCURRENCY: Final = 64
 
-SlotState = Literal["starting", "ready", "backoff", "failed"]
-
-
-@dataclasses.dataclass(frozen=True)
-class SlotInfo:
-    """One env actor of the pool, as the pool server last published it."""
-
-    slot: int
-    actor_name: str
-    actor_id: str  # hex; changes when the actor is replaced
-    num_envs: int
-    state: SlotState
-    restarts: int = 0
-    node_id: str = ""
-    last_error: str = ""
-
-
-@dataclasses.dataclass
-class _Lease:
-    lease_id: str
-    trainer: str
-    slots: list[int]
-    ttl_s: float
-    expires: float
-    acquired: float
-    epoch: int = 0
-
-
-#: ``fencer(slots, epoch)``: raise the fence of the slots' actors to ``epoch``.
-Fencer = Callable[[Sequence[SlotInfo], int], None]
-#: How long a grant waits for its actors to take the new fence (a busy actor answers
-#: after its current call; a hung one is the pool server's to replace).
-FENCE_TIMEOUT_S: Final = 10.0
-
-
-class LeaseError(RuntimeError):
-    """No lease could be granted (too few free envs, or a bad request)."""
-
-
 class PoolRegistry:
     """Layout and leases of one pool. Thread-safe; every method is one Ray call."""
 
     def __init__(self, pool: str, clock: Callable[[], float] = time.monotonic,
-                 fencer: Fencer | None = None,
+                 fencer: leases_mod.Fencer | None = None,
                  epoch_clock: Callable[[], int] = time.time_ns,
                  ray_namespace: str | None = None) -> None:
         self._pool = pool
         self._clock = clock
         self._fencer = fencer if fencer is not None else functools.partial(
-            _ray_fencer, namespace=ray_namespace)
+            leases_mod.ray_fencer, namespace=ray_namespace)
         self._epoch_clock = epoch_clock
         self._last_epoch = 0
         self._slot_epoch: dict[int, int] = {}  # the epoch each slot was last granted at
         self._cond = threading.Condition()
         self._slots: dict[int, SlotInfo] = {}
         self._pool_info: dict[str, Any] = {}
-        self._leases: dict[str, _Lease] = {}
+        self._leases: dict[str, leases_mod.Lease] = {}
         self._requests: dict[int, tuple[str, str]] = {}  # slot -> (actor_id, reason)
         self._server_seen: float | None = None
         self._generation = 0  # bumped on every layout change
@@ -176,13 +141,13 @@ class PoolRegistry:
                 (s for s in self._slots.values() if s.state == "ready" and s.slot not in leased),
                 key=lambda s: (-s.num_envs, s.slot),
             )
-            picked = free if num_envs is None else _pick(free, num_envs)
+            picked = free if num_envs is None else leases_mod.pick(free, num_envs)
             if not picked:
-                raise LeaseError(self._why_not(num_envs, leased))
+                raise LeaseError(leases_mod.why_not(self._pool, self._slots, leased, num_envs))
             chosen = list(picked)
             chosen.sort(key=lambda s: s.slot)
             now = self._clock()
-            lease = _Lease(uuid.uuid4().hex, trainer, [s.slot for s in chosen], ttl_s,
+            lease = leases_mod.Lease(uuid.uuid4().hex, trainer, [s.slot for s in chosen], ttl_s,
                            now + ttl_s, now, self._next_epoch())
             self._leases[lease.lease_id] = lease
             for s in chosen:
@@ -213,7 +178,7 @@ class PoolRegistry:
                 if any(s in taken or (self._generation and s not in self._slots)
                        or self._slot_epoch.get(s, epoch) != epoch for s in slots):
                     return False
-                lease = _Lease(lease_id, trainer, list(slots), ttl_s, now, now, epoch)
+                lease = leases_mod.Lease(lease_id, trainer, list(slots), ttl_s, now, now, epoch)
                 self._leases[lease_id] = lease
                 for s in slots:
                     self._slot_epoch[s] = epoch
@@ -304,81 +269,16 @@ class PoolRegistry:
     def _leased_slots(self) -> dict[int, str]:
         return {s: lease.lease_id for lease in self._leases.values() for s in lease.slots}
 
+    def _lease_summary(self) -> dict[str, Any]:
+        return leases_mod.summary(list(self._leases.values()), self._slots,
+                                  self._leased_slots(), self._clock())
+
     def _expire(self) -> None:
         now = self._clock()
         for lease_id, lease in list(self._leases.items()):
             if lease.expires < now:
                 del self._leases[lease_id]
                 self._lease_version += 1
-
-    def _lease_summary(self) -> dict[str, Any]:
-        now = self._clock()
-        # Ids shortened: the full id is the holder's proof (release, replace).
-        leases = [
-            {
-                "lease_id": lease.lease_id[:8],
-                "trainer": lease.trainer,
-                "slots": list(lease.slots),
-                "envs": sum(self._slots[s].num_envs for s in lease.slots if s in self._slots),
-                "expires_in_s": round(lease.expires - now, 3),
-                "age_s": round(now - lease.acquired, 3),
-            }
-            for lease in self._leases.values()
-        ]
-        short = {s: lease_id[:8] for s, lease_id in self._leased_slots().items()}
-        return {"leases": leases, "leased_slots": short}
-
-    def _why_not(self, num_envs: int | None, leased: dict[int, str]) -> str:
-        states: dict[str, int] = {}
-        for s in self._slots.values():
-            key = "leased" if s.slot in leased else s.state
-            states[key] = states.get(key, 0) + s.num_envs
-        free_sizes = sorted(
-            (s.num_envs for s in self._slots.values()
-             if s.state == "ready" and s.slot not in leased),
-            reverse=True,
-        )
-        have = sum(free_sizes)
-        summary = ", ".join(f"{n} {k}" for k, n in sorted(states.items())) or "no envs yet"
-        want = "any envs" if num_envs is None else f"num_envs={num_envs}"
-        hint = ""
-        if num_envs is not None and have >= num_envs:
-            hint = (f"; actors are leased whole and the free ones hold {free_sizes} envs: ask "
-                    "for a sum of those")
-        return f"pool {self._pool!r} cannot lease {want}: {have} free ({summary}){hint}"
-
-
-def _pick(free: Sequence[SlotInfo], target: int) -> list[SlotInfo] | None:
-    """Actors whose envs add up to ``target``: largest first, then an exact fit."""
-    chosen: list[SlotInfo] = []
-    left = target
-    for s in free:  # sorted largest first
-        if s.num_envs <= left:
-            chosen.append(s)
-            left -= s.num_envs
-        if left == 0:
-            return chosen
-    return None
-
-
-def _ray_fencer(slots: Sequence[SlotInfo], epoch: int, namespace: str | None = None) -> None:
-    """Raise the fence of the slots' actors (named actors in Ray namespace ``namespace``)."""
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is a dependency
-        return
-    if not ray.is_initialized():
-        return  # in-process (unit tests): no actors to fence
-    refs: list[Any] = []
-    for s in slots:
-        try:
-            refs.append(ray.get_actor(s.actor_name, namespace=namespace).fence.remote(epoch))
-        except ValueError:  # gone: its replacement starts unfenced and takes the next call's
-            continue
-    if refs:
-        # a dead actor's error or a busy one's delay must not fail the grant
-        ray.wait(refs, num_returns=len(refs), timeout=FENCE_TIMEOUT_S)
-
 
 _REGISTRY_CLS: Any = None
 

@@ -32,7 +32,6 @@ Example (local Ray):
 
 from __future__ import annotations
 
-import datetime
 import http.server
 import logging
 import threading
@@ -44,20 +43,14 @@ from prometheus_client import CollectorRegistry
 
 from remote_env import spec as spec_mod
 from remote_env.metrics import PoolMetrics
-from remote_env.pool import actors, http_server, slot
+from remote_env.pool import actors, http_server, launch, slot
 from remote_env.pool import registry as registry_mod
+from remote_env.pool import status as status_mod
 
 log = logging.getLogger(__name__)
 
 #: Seconds between reads of Ray's node table (a GCS call) for the worker host names.
 NODES_REFRESH_S = 5.0
-#: Most host names reported per list in ``status.pool``: a scale-down removes a few
-#: worker pods at a time, and the EnvPool object must stay small.
-MAX_REPORTED_WORKERS = 100
-
-
-def _now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class PoolServer:
@@ -159,7 +152,7 @@ class PoolServer:
             # On the head, which the pool cannot outlive anyway, and without CPUs:
             # it is bookkeeping only.
             num_cpus=0,
-            resources={actors.HEAD_RESOURCE: 0.001},
+            resources={launch.HEAD_RESOURCE: 0.001},
             # a crashed registry comes back empty; the pool server republishes its layout
             max_restarts=-1,
         ).remote(self.spec.name, ray_namespace=self.ray_namespace)
@@ -299,16 +292,8 @@ class PoolServer:
             self._reporter(self.pool_report())
 
     def pool_report(self) -> dict[str, Any]:
-        """``status.pool`` of the EnvPool: the operator reads it.
-
-        ``leasedWorkers``/``freeWorkers`` name the worker hosts (pods) with and without
-        a leased actor, emptiest first, so that shrinking the worker group can name
-        the pods to remove (KubeRay's ``workersToDelete``) instead of random ones.
-        """
-        st = self.status()
-        return {key: st[key] for key in ("readyEnvs", "leasedEnvs", "freeEnvs", "desiredEnvs",
-                                         "restarts", "lastError", "updatedAt",
-                                         "leasedWorkers", "freeWorkers")}
+        """``status.pool`` of the EnvPool (see :func:`remote_env.pool.status.pool_report`)."""
+        return status_mod.pool_report(self.status())
 
     def _refresh_hosts(self, now: float) -> None:
         import ray
@@ -319,17 +304,6 @@ class PoolServer:
         self._hosts = {n["NodeID"]: str(n.get("NodeManagerHostname") or "")
                        for n in ray.nodes()  # type: ignore[no-untyped-call]
                        if n.get("Alive") and spec_mod.ENV_RESOURCE in (n.get("Resources") or {})}
-
-    def _workers(self, slots: list[slot.Slot]) -> tuple[list[str], list[str]]:
-        """(hosts with a leased actor, the other env hosts by fewest actors first)."""
-        leased = {s.node_id for s in slots if s.slot in self._leased}
-        actors: dict[str, int] = {}
-        for s in slots:
-            actors[s.node_id] = actors.get(s.node_id, 0) + 1
-        held = sorted(h for nid, h in self._hosts.items() if nid in leased)
-        free = sorted((actors.get(nid, 0), h) for nid, h in self._hosts.items()
-                      if nid not in leased)
-        return held[:MAX_REPORTED_WORKERS], [h for _, h in free[:MAX_REPORTED_WORKERS]]
 
     def _apply_pending_spec(self) -> None:
         with self._spec_lock:
@@ -352,47 +326,12 @@ class PoolServer:
         return {"signature": slot.signature(self.spec), "document": self.spec.to_document()}
 
     def _update_snapshot(self, now: float) -> None:
-        slots = sorted(self.actors.slots.values(), key=lambda s: s.slot)
-        by_state = {"ready": 0, "starting": 0, "backoff": 0, "failed": 0}
-        for s in slots:
-            by_state[s.state] += s.num_envs
-        trainers = {lease["lease_id"]: lease["trainer"] for lease in self._leases}
-        leased_envs = sum(s.num_envs for s in slots if s.slot in self._leased)
-        # What a trainer can lease right now: ready and nobody's (the autoscaler's buffer).
-        free_envs = sum(s.num_envs for s in slots
-                        if s.state == "ready" and s.slot not in self._leased)
-        leased_workers, free_workers = self._workers(slots)
-        snap = {
-            "pool": self.spec.name,
-            "namespace": self.spec.namespace,
-            "rayNamespace": self.ray_namespace,
-            "desiredEnvs": self.spec.desired_envs,
-            "totalEnvs": sum(by_state.values()),
-            "readyEnvs": by_state["ready"],
-            "startingEnvs": by_state["starting"] + by_state["backoff"],
-            "failedEnvs": by_state["failed"],
-            "leasedEnvs": leased_envs,
-            "freeEnvs": free_envs,
-            "leasedWorkers": leased_workers,
-            "freeWorkers": free_workers,
-            "actors": len(slots),
-            "readyActors": sum(1 for s in slots if s.state == "ready"),
-            "restarts": sum(s.restarts for s in slots),
-            "lastError": self.actors.last_error,
-            "updatedAt": _now_iso(),
-            "healthy": self.healthy(),
-            "specVersion": self._spec_applied,
-            "spec": {"replicas": self.spec.replicas, "envsPerActor": self.spec.envs_per_actor,
-                     "suspend": self.spec.suspend},
-            "slots": [
-                {"slot": s.slot, "name": s.name, "actorId": s.actor_id, "envs": s.num_envs,
-                 "state": s.state, "restarts": s.restarts, "nodeId": s.node_id,
-                 "leasedBy": trainers.get(self._leased.get(s.slot, "")),
-                 "lastError": s.last_error}
-                for s in slots
-            ],
-            "leases": [dict(lease) for lease in self._leases],
-        }
+        snap = status_mod.snapshot(
+            self.spec, ray_namespace=self.ray_namespace,
+            slots=sorted(self.actors.slots.values(), key=lambda s: s.slot),
+            leased=self._leased, leases=self._leases, hosts=self._hosts,
+            last_error=self.actors.last_error, healthy=self.healthy(),
+            spec_version=self._spec_applied)
         with self._snapshot_lock:
             self._snapshot = snap
 

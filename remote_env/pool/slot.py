@@ -1,4 +1,5 @@
-"""One env actor position of a pool (a slot) and the small helpers around its actor."""
+"""One env actor position of a pool (a slot), its published record and the small
+helpers around its actor."""
 
 from __future__ import annotations
 
@@ -6,12 +7,28 @@ import dataclasses
 import hashlib
 import json
 import re
-from typing import Any, Final
+from typing import Any, Final, Literal
 
+from remote_env import restarts as restarts_mod
 from remote_env import spec as spec_mod
-from remote_env.pool import registry as registry_mod
 
 HOST_NAME_RE: Final = re.compile(r"^host-(\d+)-g(\d+)$")
+
+SlotState = Literal["starting", "ready", "backoff", "failed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotInfo:
+    """One env actor of the pool, as the pool server last published it."""
+
+    slot: int
+    actor_name: str
+    actor_id: str  # hex; changes when the actor is replaced
+    num_envs: int
+    state: SlotState
+    restarts: int = 0
+    node_id: str = ""
+    last_error: str = ""
 
 
 def host_name(slot: int, generation: int) -> str:
@@ -33,15 +50,15 @@ class Slot:
     generation: int = 0
     handle: Any = None
     actor_id: str = ""
-    state: registry_mod.SlotState = "starting"
+    state: SlotState = "starting"
     start_ref: Any = None
     ping_ref: Any = None
     ping_sent: float = 0.0
     # when the actor stopped answering (first unanswered ping), for hang detection
     silent_since: float | None = None
-    ready_since: float = 0.0
     restarts: int = 0
-    failures: int = 0  # consecutive
+    # consecutive failures; up since the actor last became ready
+    streak: restarts_mod.Streak = dataclasses.field(default_factory=restarts_mod.Streak)
     retry_at: float = 0.0
     last_error: str = ""
     node_id: str = ""
@@ -53,8 +70,8 @@ class Slot:
     def name(self) -> str:
         return host_name(self.slot, self.generation)
 
-    def info(self) -> registry_mod.SlotInfo:
-        return registry_mod.SlotInfo(
+    def info(self) -> SlotInfo:
+        return SlotInfo(
             self.slot, self.name, self.actor_id, self.num_envs, self.state, self.restarts,
             self.node_id, self.last_error,
         )

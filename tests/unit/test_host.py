@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from remote_env.host import SubEnvHost, restart_seed
+from remote_env.actor.host import SubEnvHost, restart_seed
 
 
 def _fns(n: int) -> list:
@@ -163,7 +163,7 @@ def test_env_with_only_one_async_method_is_stepped_synchronously() -> None:
 
 
 def test_a_thread_share_raising_outside_env_handling_reaches_the_caller() -> None:
-    from remote_env.host_threads import Gang as _Gang
+    from remote_env.actor.threads import Gang as _Gang
 
     gang = _Gang(3)
 

@@ -7,7 +7,7 @@ import gymnasium as gym
 import pytest
 
 from remote_env import channel, errors
-from remote_env.host import SubEnvHost
+from remote_env.actor.host import SubEnvHost
 
 
 def _host() -> SubEnvHost:

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from remote_env.errors import LeaseLostError
-from remote_env.pool.registry import LeaseError, PoolRegistry, SlotInfo
+from remote_env.pool.registry import LeaseError, PoolRegistry
+from remote_env.pool.slot import SlotInfo
 
 
 class Clock:

@@ -16,7 +16,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from remote_env import examples, shared_arrays
 from remote_env._types import Batch
-from remote_env.host import SubEnvHost
+from remote_env.actor.host import SubEnvHost
 
 
 def _segments() -> set[str]:

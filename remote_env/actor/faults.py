@@ -66,7 +66,6 @@ class Slot:
     """One sub-environment and the bookkeeping its restarts need."""
 
     __slots__ = (
-        "consecutive_failures",
         "env",
         "env_fn",
         "fresh",
@@ -75,6 +74,7 @@ class Slot:
         "needs_reset",
         "restarts",
         "seed",
+        "streak",
     )
 
     def __init__(self, index: int, env_fn: EnvFn) -> None:
@@ -87,16 +87,18 @@ class Slot:
         self.fresh = False
         self.seed: int | None = None
         self.restarts = 0
-        self.consecutive_failures = 0
+        # consecutive failures: ended by a good step, not by a reset (an env that resets
+        # fine but always fails its first step is still a crash loop)
+        self.streak = restarts.Streak()
 
 
 
 class SlotFaults:
-    """Mixin of :class:`~remote_env.host.SubEnvHost`: (re)creating its sub-envs."""
+    """Mixin of :class:`~remote_env.actor.host.SubEnvHost`: (re)creating its sub-envs."""
 
     _restart: bool
-    _max_restarts: int
-    _backoff: float
+    #: a good step is the proof of health (healthy_after_s=0)
+    _crash_loop: restarts.CrashLoop
 
     def _create(self, slot: Slot, *, first: bool) -> Failure | None:
         """(Re)create a slot's env, retrying with backoff when restarts are on."""
@@ -108,12 +110,11 @@ class SlotFaults:
                 slot.env = env
                 return None
             except Exception as exc:
-                slot.consecutive_failures += 1
+                delay = self._crash_loop.failed(slot.streak)
                 tb = traceback.format_exc()
-                permanent = (not self._restart) or slot.consecutive_failures > self._max_restarts
-                if permanent:
+                if not self._restart or delay is None:
                     what = "constructor raised" if first else "constructor raised on restart"
-                    tries = "" if not self._restart else f" ({slot.consecutive_failures} tries)"
+                    tries = "" if not self._restart else f" ({slot.streak.failures} tries)"
                     return Failure(
                         slot.index,
                         "exception",
@@ -121,24 +122,20 @@ class SlotFaults:
                         tb,
                         permanent=True,
                     )
-                self._sleep_backoff(slot)
-
-    def _sleep_backoff(self, slot: Slot) -> None:
-        if self._backoff > 0 and slot.consecutive_failures > 0:
-            time.sleep(restarts.backoff(self._backoff, slot.consecutive_failures - 1, 60.0))
+                _sleep(delay)
 
     def _restart_slot(self, slot: Slot, reason: FailureReason, exc: BaseException) -> Failure:
         """Replace a failed env; the caller decides what the failed step returns."""
         tb = traceback.format_exc()
         message = f"{type(exc).__name__}: {exc}"
-        slot.consecutive_failures += 1
-        if not self._restart or slot.consecutive_failures > self._max_restarts:
+        delay = self._crash_loop.failed(slot.streak)
+        if not self._restart or delay is None:
             return Failure(slot.index, reason, message, tb, permanent=True)
         try:
             slot.env.close()
         except Exception:  # a broken env may not close cleanly; it is replaced anyway
             pass
-        self._sleep_backoff(slot)
+        _sleep(delay)
         slot.env = None
         failure = self._create(slot, first=False)
         if failure is not None:
@@ -148,6 +145,10 @@ class SlotFaults:
         slot.fresh = True
         return Failure(slot.index, reason, message, tb, restarted=True)
 
+
+def _sleep(delay: float) -> None:
+    if delay > 0:
+        time.sleep(delay)
 
 
 def is_actor_handle(obj: Any) -> bool:

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from remote_env import errors, shared_arrays
 from remote_env._types import Batch
-from remote_env.host_steps import step_one
+from remote_env.actor.steps import step_one
 
 if TYPE_CHECKING:
-    from remote_env.host import SubEnvHost
+    from remote_env.actor.host import SubEnvHost
 
 # what a driver may call over a channel (the hot calls; lifecycle stays with Ray)
 FENCED_METHODS = frozenset({"step", "reset", "call", "set_attr", "shared_step"})
@@ -27,7 +27,7 @@ CHANNEL_METHODS = FENCED_METHODS | {"fenced", "open_shared"}
 
 
 class HostTransport:
-    """Mixin of :class:`~remote_env.host.SubEnvHost`: its channel and shared arrays."""
+    """Mixin of :class:`~remote_env.actor.host.SubEnvHost`: its channel and shared arrays."""
 
     _lock: threading.RLock
     _channel: Any

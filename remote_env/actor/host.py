@@ -12,10 +12,7 @@ Envs that wait on I/O can say so by defining coroutine methods ``astep(action)``
 whose envs have both awaits them concurrently on one event loop instead of
 blocking a thread per env.
 
-The rest of the actor, each in its own module: :mod:`remote_env.host_steps` (the
-per-env logic: autoreset, failed steps, result checks), :mod:`remote_env.host_faults`
-(creating and restarting sub-envs), :mod:`remote_env.host_transport` (channel,
-lease fences, shared arrays), :mod:`remote_env.host_threads` (stepping threads).
+The rest of the actor, each in its own module, is listed in :mod:`remote_env.actor`.
 """
 
 from __future__ import annotations
@@ -32,11 +29,12 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from remote_env import multi_agent
+from remote_env import restarts as restarts_mod
 from remote_env._types import Batch, Failure
-from remote_env.host_faults import EnvFn, Slot, SlotFaults, restart_seed
-from remote_env.host_steps import MalformedResultError, reset_one, run_sync, step_one
-from remote_env.host_threads import Gang
-from remote_env.host_transport import HostTransport
+from remote_env.actor.faults import EnvFn, Slot, SlotFaults, restart_seed
+from remote_env.actor.steps import MalformedResultError, reset_one, run_sync, step_one
+from remote_env.actor.threads import Gang
+from remote_env.actor.transport import HostTransport
 from remote_env.spec.fields import DEFAULT_MAX_RESTARTS
 
 __all__ = ["EnvFn", "MalformedResultError", "SubEnvHost", "has_async_api", "restart_seed"]
@@ -82,8 +80,7 @@ class SubEnvHost(HostTransport, SlotFaults):
         self._info: dict[str, Any] | None = None
         self._mode = AutoresetMode(autoreset_mode)
         self._restart = restart_failed
-        self._max_restarts = max_restarts
-        self._backoff = restart_backoff_s
+        self._crash_loop = restarts_mod.CrashLoop(max_restarts, restart_backoff_s)
         self._multi_agent_hint = multi_agent_hint
         self._multi_agent = False
         self._box_obs = False

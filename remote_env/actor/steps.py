@@ -18,10 +18,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from remote_env import multi_agent
-from remote_env.host_faults import Slot, restart_seed
+from remote_env.actor.faults import Slot, restart_seed
 
 if TYPE_CHECKING:
-    from remote_env.host import SubEnvHost
+    from remote_env.actor.host import SubEnvHost
 
 T = TypeVar("T")
 
@@ -68,8 +68,7 @@ async def reset_one(
     while True:
         try:
             obs, info = await _do_reset(host, slot, seed, options)
-            # consecutive_failures is cleared by a good step, not by a reset: an env
-            # that resets fine but always fails its first step is still a crash loop
+            # a reset does not end a crash loop; a good step does (see Slot.streak)
             if failure is not None:
                 info = {**info, "error": failure.message}
             return obs, 0.0, False, False, info, failure
@@ -102,7 +101,8 @@ async def step_one(host: SubEnvHost, slot: Slot, action: Any) -> Any:
             done = bool(term or trunc)
     except Exception as exc:
         return await _failed_step(host, slot, exc)
-    slot.consecutive_failures = 0
+    if slot.streak.failures:  # a good step ends a crash loop
+        host._crash_loop.succeeded(slot.streak)
     slot.last_obs = obs
     if done:
         if host._mode is AutoresetMode.NEXT_STEP:

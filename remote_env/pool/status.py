@@ -1,0 +1,97 @@
+"""What the pool server shows: the ``/status`` document and the EnvPool's ``status.pool``.
+
+Pure functions of what :class:`~remote_env.pool.server.PoolServer` holds, so the
+HTTP server, the kube reporter and ``wait_ready`` all read one snapshot.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from remote_env import spec as spec_mod
+from remote_env.pool.slot import Slot
+
+#: Most host names reported per list in ``status.pool``: a scale-down removes a few
+#: worker pods at a time, and the EnvPool object must stay small.
+MAX_REPORTED_WORKERS = 100
+#: The keys of ``/status`` the operator reads (``status.pool`` of the EnvPool).
+POOL_REPORT_KEYS = ("readyEnvs", "leasedEnvs", "freeEnvs", "desiredEnvs", "restarts",
+                    "lastError", "updatedAt", "leasedWorkers", "freeWorkers")
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def workers(slots: Sequence[Slot], leased: Mapping[int, str],
+            hosts: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(hosts with a leased actor, the other env hosts by fewest actors first).
+
+    ``hosts`` maps Ray node ids to host names (in-cluster: the worker pods' names).
+    """
+    leased_nodes = {s.node_id for s in slots if s.slot in leased}
+    actors: dict[str, int] = {}
+    for s in slots:
+        actors[s.node_id] = actors.get(s.node_id, 0) + 1
+    held = sorted(h for nid, h in hosts.items() if nid in leased_nodes)
+    free = sorted((actors.get(nid, 0), h) for nid, h in hosts.items()
+                  if nid not in leased_nodes)
+    return held[:MAX_REPORTED_WORKERS], [h for _, h in free[:MAX_REPORTED_WORKERS]]
+
+
+def snapshot(spec: spec_mod.PoolSpec, *, ray_namespace: str, slots: Sequence[Slot],
+             leased: Mapping[int, str], leases: Sequence[Mapping[str, Any]],
+             hosts: Mapping[str, str], last_error: str, healthy: bool,
+             spec_version: int) -> dict[str, Any]:
+    """The ``/status`` document of a pool whose actors are ``slots`` (in slot order)."""
+    by_state = {"ready": 0, "starting": 0, "backoff": 0, "failed": 0}
+    for s in slots:
+        by_state[s.state] += s.num_envs
+    trainers = {lease["lease_id"]: lease["trainer"] for lease in leases}
+    leased_envs = sum(s.num_envs for s in slots if s.slot in leased)
+    # What a trainer can lease right now: ready and nobody's (the autoscaler's buffer).
+    free_envs = sum(s.num_envs for s in slots if s.state == "ready" and s.slot not in leased)
+    leased_workers, free_workers = workers(slots, leased, hosts)
+    return {
+        "pool": spec.name,
+        "namespace": spec.namespace,
+        "rayNamespace": ray_namespace,
+        "desiredEnvs": spec.desired_envs,
+        "totalEnvs": sum(by_state.values()),
+        "readyEnvs": by_state["ready"],
+        "startingEnvs": by_state["starting"] + by_state["backoff"],
+        "failedEnvs": by_state["failed"],
+        "leasedEnvs": leased_envs,
+        "freeEnvs": free_envs,
+        "leasedWorkers": leased_workers,
+        "freeWorkers": free_workers,
+        "actors": len(slots),
+        "readyActors": sum(1 for s in slots if s.state == "ready"),
+        "restarts": sum(s.restarts for s in slots),
+        "lastError": last_error,
+        "updatedAt": now_iso(),
+        "healthy": healthy,
+        "specVersion": spec_version,
+        "spec": {"replicas": spec.replicas, "envsPerActor": spec.envs_per_actor,
+                 "suspend": spec.suspend},
+        "slots": [
+            {"slot": s.slot, "name": s.name, "actorId": s.actor_id, "envs": s.num_envs,
+             "state": s.state, "restarts": s.restarts, "nodeId": s.node_id,
+             "leasedBy": trainers.get(leased.get(s.slot, "")),
+             "lastError": s.last_error}
+            for s in slots
+        ],
+        "leases": [dict(lease) for lease in leases],
+    }
+
+
+def pool_report(status: Mapping[str, Any]) -> dict[str, Any]:
+    """``status.pool`` of the EnvPool, from a ``/status`` document.
+
+    ``leasedWorkers``/``freeWorkers`` name the worker hosts (pods) with and without
+    a leased actor, emptiest first, so that shrinking the worker group can name
+    the pods to remove (KubeRay's ``workersToDelete``) instead of random ones.
+    """
+    return {key: status[key] for key in POOL_REPORT_KEYS}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -22,17 +22,19 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 StateFn = Callable[[], Mapping[str, int]]
+_V = TypeVar("_V")
 
 
-class _EnvStateCollector(Collector):
-    """``envpool_envs{state}`` computed at scrape time from each pool's callback."""
+class SourcesCollector(Collector, Generic[_V]):
+    """A collector whose series are computed at scrape time from one callback per
+    label set (a pool), added and removed as pools come and go."""
 
     def __init__(self, labelnames: tuple[str, ...]) -> None:
         self._labelnames = labelnames
-        self._sources: dict[tuple[str, ...], StateFn] = {}
+        self._sources: dict[tuple[str, ...], Callable[[], _V]] = {}
         self._lock = threading.Lock()
 
-    def add(self, labels: tuple[str, ...], fn: StateFn) -> None:
+    def add(self, labels: tuple[str, ...], fn: Callable[[], _V]) -> None:
         with self._lock:
             self._sources[labels] = fn
 
@@ -40,13 +42,20 @@ class _EnvStateCollector(Collector):
         with self._lock:
             self._sources.pop(labels, None)
 
+    def sources(self) -> list[tuple[tuple[str, ...], Callable[[], _V]]]:
+        """A snapshot: callbacks run outside the lock."""
+        with self._lock:
+            return list(self._sources.items())
+
+
+class _EnvStateCollector(SourcesCollector[Mapping[str, int]]):
+    """``envpool_envs{state}`` computed at scrape time from each pool's callback."""
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
             "envpool_envs", "Sub-environments by state.", labels=[*self._labelnames, "state"]
         )
-        with self._lock:
-            sources = list(self._sources.items())
-        for labels, fn in sources:
+        for labels, fn in self.sources():
             counts = fn()
             for state in ENV_STATES:
                 family.add_metric([*labels, state], counts.get(state, 0))

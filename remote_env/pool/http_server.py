@@ -19,12 +19,13 @@ import logging
 import threading
 import urllib.parse
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, exposition
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+
+from remote_env import metrics
 
 log = logging.getLogger(__name__)
 
@@ -40,26 +41,13 @@ class StatusSource(Protocol):
 
 
 # ------------------------------------------------------------------ metrics
-class _PoolGauges(Collector):
+class _PoolGauges(metrics.SourcesCollector[Mapping[str, float]]):
     """``envpool_pool_{desired,leased,free}_envs`` and ``envpool_pool_leases``, at scrape time.
 
     Leased and free are gauges of their own rather than states of ``envpool_envs``:
     that family partitions envs by health (running, restarting, failed), and leased
     and free both are running envs.
     """
-
-    def __init__(self, labelnames: tuple[str, ...]) -> None:
-        self._labelnames = labelnames
-        self._sources: dict[tuple[str, ...], Callable[[], Mapping[str, float]]] = {}
-        self._lock = threading.Lock()
-
-    def add(self, labels: tuple[str, ...], fn: Callable[[], Mapping[str, float]]) -> None:
-        with self._lock:
-            self._sources[labels] = fn
-
-    def remove(self, labels: tuple[str, ...]) -> None:
-        with self._lock:
-            self._sources.pop(labels, None)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         ln = list(self._labelnames)
@@ -71,9 +59,7 @@ class _PoolGauges(Collector):
                                  "Ready sub-envs no trainer leases (the autoscaling buffer).",
                                  labels=ln)
         leases = GaugeMetricFamily("envpool_pool_leases", "Trainer leases held.", labels=ln)
-        with self._lock:
-            sources = list(self._sources.items())
-        for labels, fn in sources:
+        for labels, fn in self.sources():
             v = fn()
             desired.add_metric(list(labels), v["desired"])
             leased.add_metric(list(labels), v["leased"])

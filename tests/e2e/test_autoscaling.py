@@ -393,6 +393,15 @@ def _worker_pods(kube: Any, ns: str, name: str) -> set[str]:
             if not p["metadata"].get("deletionTimestamp")}
 
 
+def _deleted_by_kuberay(kube: Any, ns: str, name: str) -> set[str]:
+    """Worker pods KubeRay says it deleted for RayCluster ``name`` (its events)."""
+    events = kube.kubectl_json(
+        "get", "events", "-n", ns, "--field-selector",
+        f"involvedObject.kind=RayCluster,involvedObject.name={name},reason=DeletedWorkerPod")
+    # message: "Deleted pod <namespace>/<pod>"
+    return {e["message"].rsplit("/", 1)[-1] for e in events["items"]}
+
+
 def _report(kube: Any, ns: str, name: str, leased: list[str], free: list[str]) -> None:
     """``status.pool`` as the pool server writes it (kwok's pods run no Ray to report)."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -414,18 +423,25 @@ def test_shrinking_the_workers_keeps_the_pods_that_host_leased_envs(
     head = kube.wait_until(lambda: _head_pod(kube, namespace, name), timeout=60, what="head pod")
     _report(kube, namespace, name, leased=[a, b], free=[c])
     kube.kubectl("scale", "envpool", name, "-n", namespace, "--replicas=4")  # 1 worker's worth
-    # a and b host leased envs: only c goes, by name
+    # a and b host leased envs: only c goes, by name. workersToDelete is transient
+    # (KubeRay empties it once it has deleted those pods), so what is checked is what
+    # KubeRay deleted, from its events, and which pods are left.
     rc = kube.wait_until(
         lambda: (r := kube.kubectl_json("get", "raycluster", name, "-n", namespace))[
             "spec"]["workerGroupSpecs"][0]["replicas"] == 2 and r, timeout=30, what="2 workers")
-    assert rc["spec"]["workerGroupSpecs"][0]["scaleStrategy"]["workersToDelete"] == [c]
+    assert rc["spec"]["workerGroupSpecs"][0].get("scaleStrategy", {}).get(
+        "workersToDelete") in ([c], [], None), rc["spec"]["workerGroupSpecs"][0]
     kube.wait_until(lambda: _worker_pods(kube, namespace, name) == {a, b}, timeout=60,
                     what=f"only {c} deleted")
+    kube.wait_until(lambda: _deleted_by_kuberay(kube, namespace, name) == {c}, timeout=30,
+                    what=f"KubeRay's DeletedWorkerPod events naming {c} only")
     # b's lease ended: the next report frees it and the group shrinks without a spec change
     _report(kube, namespace, name, leased=[a], free=[b])
     kube.wait_until(lambda: _workers(kube, namespace, name) == 1, timeout=30, what="1 worker")
     kube.wait_until(lambda: _worker_pods(kube, namespace, name) == {a}, timeout=60,
                     what=f"{b} deleted, {a} kept")
+    kube.wait_until(lambda: _deleted_by_kuberay(kube, namespace, name) == {b, c}, timeout=30,
+                    what=f"KubeRay's DeletedWorkerPod events naming {b} and {c} only")
     # and nothing rolled: naming pods is not a spec change for KubeRay's Recreate
     assert _head_pod(kube, namespace, name) == head
 

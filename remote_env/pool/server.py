@@ -265,6 +265,14 @@ class PoolServer:
         """One supervision pass, then publish and wait up to a health interval."""
         import ray
 
+        if self._last_tick is None:
+            # A (re)started server learns the leases before it first supervises or
+            # publishes: with none known, every adopted actor looked free, to scale-down
+            # and in /status (seen: readyEnvs 16, leasedEnvs 0 after a restart).
+            first = ray.get(self._registry_actor.server_sync.remote(None, None, 0.0))
+            self._requests = [*self._requests, *first["requests"]]
+            self._leased = dict(first["leased_slots"])
+            self._leases = list(first["leases"])
         now = time.monotonic()
         self._apply_pending_spec()
         requests, self._requests = self._requests, []

@@ -123,14 +123,26 @@ def test_service_dns_and_clusterip_reach_a_pod(kube_cluster: Any, real_node: Rea
     _wait_ready(kube_cluster, namespace, "web")
     cluster_ip = kube_cluster.kubectl_json("get", "svc", "web", "-n", namespace)["spec"]["clusterIP"]
     assert cluster_ip.startswith("10.96."), cluster_ip
+    # A new Service reaches CoreDNS and kube-proxy's rules through their watches, a
+    # moment after the API server has it: the client retries for up to 60 s (CI once
+    # saw "Connection refused" from the ClusterIP right after the Service was made).
     client_py = f"""
-import json, socket, urllib.request
+import json, socket, time, urllib.request
+def retry(fn):
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return fn()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 out = {{}}
-out["fqdn"] = socket.gethostbyname("web.{namespace}.svc.cluster.local")
-out["short"] = socket.gethostbyname("web")
-out["status"] = urllib.request.urlopen("http://web/", timeout=10).status
-out["kubernetes"] = socket.gethostbyname("kubernetes.default")
-socket.create_connection(("kubernetes.default", 443), timeout=10).close()
+out["fqdn"] = retry(lambda: socket.gethostbyname("web.{namespace}.svc.cluster.local"))
+out["short"] = retry(lambda: socket.gethostbyname("web"))
+out["status"] = retry(lambda: urllib.request.urlopen("http://web/", timeout=10).status)
+out["kubernetes"] = retry(lambda: socket.gethostbyname("kubernetes.default"))
+retry(lambda: socket.create_connection(("kubernetes.default", 443), timeout=10).close())
 out["api"] = "connected"
 try:
     socket.gethostbyname("pypi.org")

@@ -516,9 +516,12 @@ def test_5a_faults_on_real_pods_while_a_trainer_steps(journey: Journey) -> None:
             st = journey.server_status()
         except (pytest.fail.Exception, ValueError):  # the new server is not listening yet
             return None
-        return st if st["readyEnvs"] == 16 else None
+        # the trainer's lease too: CI once saw the restarted server's first ready status
+        # without it (leasedEnvs 0) and the next with it; a lost lease still times out
+        return st if st["readyEnvs"] == 16 and st["leasedEnvs"] == 16 else None
 
-    after = journey.kube.wait_until(readopted, timeout=180, interval=1, what="the pool server back with its actors")
+    after = journey.kube.wait_until(readopted, timeout=180, interval=1,
+                                    what="the pool server back with its actors and the lease")
     journey.figures["pool_server_killed_to_readopted_s"] = time.monotonic() - t0
     assert {s["slot"]: s["actorId"] for s in after["slots"]} == actors, "re-adopted, not re-created"
     assert after["restarts"] == before["restarts"] and after["leasedEnvs"] == 16, after

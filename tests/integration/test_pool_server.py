@@ -364,10 +364,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_serve(config: Path, address: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+def _start_serve(config: Path, address: str, port: int, log: Path,
+                 health_interval: float = 0.3) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "remote_env.cli.serve", "--config", str(config),
-         "--address", address, "--http-port", str(port), "--health-interval", "0.3"],
+         "--address", address, "--http-port", str(port),
+         "--health-interval", str(health_interval)],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT,
     )
 
@@ -408,8 +410,24 @@ def test_pool_server_killed_and_restarted_readopts_its_actors(
             envs.step(np.zeros(4, dtype=np.int64))
         assert envs.get_attr("steps") == (4, 4, 4, 4)
 
-        proc = _start_serve(config, cluster.address, port, log)
-        again = wait_for(lambda: ready(4), 90, f"restarted pool server ready (log: {log})")
+        # A long health interval stretches each supervision pass: a server that showed
+        # its adopted actors before it had read the leases would show them free for
+        # seconds. Every status it answers must count the trainer's lease.
+        proc = _start_serve(config, cluster.address, port, log, health_interval=3.0)
+        seen: list[dict[str, Any]] = []
+
+        def ready_seen() -> dict[str, Any] | None:
+            try:
+                st = _status(url, "?detail=1")
+            except OSError:
+                return None
+            if st["readyEnvs"]:
+                seen.append(st)
+            return ready(4)
+
+        again = wait_for(ready_seen, 90, f"restarted pool server ready (log: {log})")
+        assert seen and all(st["leasedEnvs"] == 4 for st in seen), [
+            (st["readyEnvs"], st["leasedEnvs"]) for st in seen]
         assert [s["actorId"] for s in again["slots"]] == [s["actorId"] for s in first["slots"]]
         assert again["restarts"] == 0
         assert again["leasedEnvs"] == 4  # the lease lives in the registry, not the server

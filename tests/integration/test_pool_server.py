@@ -423,7 +423,8 @@ def test_pool_server_killed_and_restarted_readopts_its_actors(
                 return None
             if st["readyEnvs"]:
                 seen.append(st)
-            return ready(4)
+            ok = st["readyEnvs"] == st["desiredEnvs"] == 4 and st["actors"] == st["readyActors"]
+            return st if ok else None
 
         again = wait_for(ready_seen, 90, f"restarted pool server ready (log: {log})")
         assert seen and all(st["leasedEnvs"] == 4 for st in seen), [

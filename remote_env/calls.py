@@ -20,6 +20,10 @@ from remote_env.assembly import Batches
 from remote_env.faults import FaultHandling
 
 
+#: a group that is every id given (one host's): sent as given, without a gather
+_ALL = np.arange(0)
+
+
 class CallLoop(FaultHandling):
     """Mixin of :class:`~remote_env.vector.RemoteVectorEnv`: the calls in flight."""
 
@@ -32,8 +36,8 @@ class CallLoop(FaultHandling):
         groups: list[tuple[int, np.ndarray | None]]
         if len(ids) == self.num_envs and not is_reset:
             groups = [(h, None) for h in range(len(self._hosts))]  # every env, in host order
-        elif (hosts_of == hosts_of[0]).all():  # the usual recv/send loop: one actor's envs
-            groups = [(int(hosts_of[0]), np.arange(len(ids)))]
+        elif hosts_of.min() == hosts_of.max():  # the usual recv/send loop: one actor's envs
+            groups = [(int(hosts_of[0]), _ALL)]
         else:
             groups = [(int(h), np.flatnonzero(hosts_of == h)) for h in np.unique(hosts_of)]
         for h, sel in groups:
@@ -45,6 +49,8 @@ class CallLoop(FaultHandling):
                     payload = per_env[host.lo:host.hi]
                 else:
                     payload = [per_env[int(e)] for e in env_ids]
+            elif sel is _ALL:  # no gather: the caller's arrays as they are
+                env_ids, payload = ids, per_env
             else:
                 env_ids = ids[sel]
                 payload = per_env[sel] if isinstance(per_env, np.ndarray) else [
@@ -69,7 +75,8 @@ class CallLoop(FaultHandling):
         """
         t0 = time.perf_counter()
         end = None if timeout is None else t0 + timeout
-        window: float | None = None if every else gather_s
+        # a zero window is "whatever is ready with the first": no separate zero-wait pass
+        window: float | None = None if every or gather_s <= 0 else gather_s
         while True:
             wake = self._advance()
             now = time.perf_counter()
@@ -81,7 +88,6 @@ class CallLoop(FaultHandling):
             if end is not None:
                 wake = end if wake is None else min(wake, end)
             left = None if wake is None else max(0.0, wake - now)
-            held = any(isinstance(k, Deferred) and c.error is None for k, c in self._calls.items())
             if window is not None:
                 wait_s = window if left is None else min(window, left)
                 ready, _ = channel.wait(live, len(live), wait_s, self._ray)
@@ -90,13 +96,18 @@ class CallLoop(FaultHandling):
                 ready, _ = channel.wait(live, len(live), left, self._ray)
             else:
                 ready, _ = channel.wait(live, 1, left, self._ray)
-                if ready:
+                # socket replies that had arrived were all read with the first; Ray refs
+                # need asking
+                if ready and len(ready) < len(live) and not all(
+                        isinstance(k, channel.ChannelCall) for k in live):
                     ready, _ = channel.wait(live, len(live), 0, self._ray)
             now = time.perf_counter()
             ready_set = set(ready)
             hung = {k for k in live if k not in ready_set and self._expired(self._calls[k], now)}
-            done = ready_set | hung | {k for k, c in self._calls.items()
-                                       if isinstance(k, Deferred) and c.error is not None}
+            done = ready_set | hung
+            if len(live) < len(self._calls):  # calls held for a replacement that failed
+                done |= {k for k, c in self._calls.items()
+                         if isinstance(k, Deferred) and c.error is not None}
             if every and len(done) == len(self._calls):
                 return list(self._calls), hung
             if not every and done:
@@ -107,6 +118,7 @@ class CallLoop(FaultHandling):
                     f"timed out after {timeout}s: {pending} of {len(self._calls)} actor calls "
                     "still pending (the calls stay pending: wait again)"
                 )
+            held = any(isinstance(k, Deferred) and c.error is None for k, c in self._calls.items())
             if held and len(ready_set | hung) == len(live) and left is not None:
                 # only calls held for a replacement are left: sleep until it is due
                 time.sleep(min(max(wake - now, 0.0) if wake is not None else 0.0, 0.05))
@@ -145,7 +157,10 @@ class CallLoop(FaultHandling):
                 if f.permanent:
                     self._failed[e] = True
                     raised.append(self._error(host, f))
-            out.append((host.env_ids[batch.indices], batch))
+            # the reply's positions are the call's, in its order (the usual case): its ids
+            same = isinstance(batch.indices, list) and batch.indices == call.positions
+            ids = call.env_ids if same else host.env_ids[batch.indices]
+            out.append((ids, batch))
         if lost or raised:
             raise (lost or raised)[0]
         return out

@@ -125,21 +125,25 @@ def seeds(seed: Any, n: int) -> list[int | None]:
 
 
 def env_ids(ids_in: Sequence[int] | np.ndarray | None, n: int) -> np.ndarray:
+    """``ids_in`` as a 1-D int64 array of distinct ids in ``[0, n)``.
+
+    Runs on every ``send()``: one sort answers both range and repeat questions
+    (scalar compares on its ends instead of two masks: ~4 us a call on 2 cores).
+    """
     if ids_in is None:
         return np.arange(n)
     ids = np.asarray(ids_in)
-    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
         raise TypeError(f"env_ids must be a 1-D sequence of ints, got {ids_in!r}")
-    ids = ids.astype(np.int64, copy=False)
-    bad = ids[(ids < 0) | (ids >= n)]
-    if len(bad):
-        raise ValueError(f"unknown env ids {bad.tolist()}: expected ids in [0, {n})")
-    if len(ids) > 1:
-        ordered = np.sort(ids)  # a sort, not np.unique: this runs on every send()
-        if (ordered[1:] == ordered[:-1]).any():
-            raise ValueError(f"env_ids must not repeat an id, got {ids.tolist()}")
     if not len(ids):
         raise ValueError("env_ids is empty: send at least one env id")
+    ids = ids.astype(np.int64)  # a copy: calls in flight keep it, the caller may reuse theirs
+    ordered = np.sort(ids)
+    if ordered[0] < 0 or ordered[-1] >= n:
+        bad = ids[(ids < 0) | (ids >= n)]
+        raise ValueError(f"unknown env ids {bad.tolist()}: expected ids in [0, {n})")
+    if len(ids) > 1 and (ordered[1:] == ordered[:-1]).any():
+        raise ValueError(f"env_ids must not repeat an id, got {ids.tolist()}")
     return ids
 
 
@@ -215,22 +219,24 @@ def actions(space: Any, actions_in: Any, ids: np.ndarray) -> Any:
             f"actions must have shape {expected} (num_envs={n} x {space}) "
             f"but got shape {arr.shape}"
         )
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+    kind = arr.dtype.kind  # not np.issubdtype: ~1.5 us each, on every send()
+    if kind not in "biufc":
         raise TypeError(f"actions must be numeric for {space}, got dtype {arr.dtype}")
     if isinstance(space, gym.spaces.Box):
         return arr
-    if not np.issubdtype(arr.dtype, np.integer) and not (
-        arr.dtype == np.bool_ and isinstance(space, gym.spaces.MultiBinary)
-    ):
+    if kind not in "iu" and not (kind == "b" and isinstance(space, gym.spaces.MultiBinary)):
         raise TypeError(f"actions for {space} must be integers, got dtype {arr.dtype}")
     if isinstance(space, gym.spaces.Discrete):
         low, high = space.start, space.start + space.n
-    elif isinstance(space, gym.spaces.MultiDiscrete):
-        low, high = space.start, space.start + space.nvec
-    else:  # MultiBinary
-        low, high = 0, 2
-    outside = (arr < low) | (arr >= high)
-    if outside.any():
+        inside = bool(arr.min() >= low) and bool(arr.max() < high)  # scalar compares, no masks
+    else:
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            low, high = space.start, space.start + space.nvec
+        else:  # MultiBinary
+            low, high = 0, 2
+        inside = not ((arr < low) | (arr >= high)).any()
+    if not inside:
+        outside = (arr < low) | (arr >= high)
         rows = outside.reshape(n, -1).any(axis=1)
         bad = ids[rows].tolist()
         raise ValueError(

@@ -49,6 +49,8 @@ class FaultHandling(ActorSet):
             call.error = host.broken
         elif not host.up:
             key = Deferred()
+            # held until the replacement is up: not a view of a buffer the caller reuses
+            call.args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in call.args)
         else:
             call.sent = time.perf_counter()
             call.generation = host.generation
@@ -184,7 +186,6 @@ class FaultHandling(ActorSet):
                 else f"no answer within step_timeout_s={self.step_timeout_s}"
             )
             return self._lose_actor(call, "timeout", message)
-        ids = call.env_ids.tolist()
         try:
             if current:
                 self._check_started(host)
@@ -195,6 +196,7 @@ class FaultHandling(ActorSet):
         except errors.LeaseLostError as exc:  # Ray's error is also an instance of its cause
             raise errors.LeaseLostError(str(getattr(exc, "cause", None) or exc)) from None
         except (self._ray.exceptions.RayTaskError, channel.RemoteCallError) as exc:
+            ids = call.env_ids.tolist()
             raise errors.SubEnvironmentError(
                 ids[0], f"the actor call for sub-environments {ids} failed: {exc}",
                 getattr(exc, "remote_traceback", ""),
@@ -202,6 +204,7 @@ class FaultHandling(ActorSet):
         except errors.SubEnvironmentError:
             raise
         except Exception as exc:  # RaySystemError, an undecodable reply: not the env's fault
+            ids = call.env_ids.tolist()
             raise errors.ResultError(
                 ids[0], f"the result for sub-environments {ids} could not be received here: "
                 f"{type(exc).__name__}: {str(exc).strip()}"

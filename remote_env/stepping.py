@@ -129,8 +129,8 @@ class Stepping(EnvAttributes):
                 "send() called while a step_async() is pending; call step_wait() first", "step"
             )
         ids = checks.env_ids(env_ids, self.num_envs)
-        busy = ids[self._busy[ids]]
-        if len(busy):
+        if self._busy[ids].any():  # the message's mask only when it is needed
+            busy = ids[self._busy[ids]]
             raise errors.AlreadyPendingCallError(
                 f"env ids {busy.tolist()} already have a call in flight; recv() their results "
                 "before sending them again",
@@ -141,6 +141,8 @@ class Stepping(EnvAttributes):
 
     def _check_reset(self, ids: np.ndarray) -> None:
         """gymnasium's order: reset before the first step (``ResetNeeded``, before sending)."""
+        if self._was_reset[ids].all():
+            return
         never = ids[~self._was_reset[ids]]
         if len(never):
             raise gym.error.ResetNeeded(

@@ -19,7 +19,6 @@ from remote_env.actor_set import Call, Deferred
 from remote_env.assembly import Batches
 from remote_env.faults import FaultHandling
 
-
 #: a group that is every id given (one host's): sent as given, without a gather
 _ALL = np.arange(0)
 

@@ -14,9 +14,11 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
+
 from remote_env import errors, shared_arrays
-from remote_env._types import Batch
-from remote_env.actor.steps import step_one
+from remote_env._types import Batch, Failure
+from remote_env.actor.steps import FLAGS, SCALARS, failed_step, run_sync, step_one, stepped
 
 if TYPE_CHECKING:
     from remote_env.actor.host import SubEnvHost
@@ -34,6 +36,9 @@ class HostTransport:
     _fence: int
     _info: dict[str, Any] | None
     _multi_agent: bool
+    _async: bool
+    _pool: Any
+    _obs_shape: tuple[int, ...] | None
     _slots: list[Any]
     # per connection (each is served on its own thread): that driver's shared arrays
     _conn: threading.local
@@ -122,12 +127,86 @@ class HostTransport:
         with self._lock:
             if actions is None:
                 actions = arrays.actions[shared_arrays.rows(positions)].copy()
+            if not (self._async or self._multi_agent or self._pool is not None):
+                return self._step_lean(arrays, positions, actions)
             slots, host = self._slots, cast("SubEnvHost", self)
             results = self._map(lambda p, a: step_one(host, slots[p], a), positions, actions)
             return self._write_shared(arrays, positions, results)
 
+    def _step_lean(self, arrays: shared_arrays.SharedArrays, positions: Sequence[int],
+                   actions: Any) -> Batch:
+        """:meth:`shared_step` of sync envs, one after the other, each result written
+        as it comes.
+
+        Why: with cheap envs the generic per-env code (a coroutine, ``run_sync``,
+        ``check_step``, then loops over the results) cost more than the envs. Here a
+        good step is ``env.step`` and a few ``isinstance``; anything else (a reset
+        due, a crash loop, an exception, an episode's end, a result the cheap checks
+        do not take) goes to that generic code (:mod:`remote_env.actor.steps`), so
+        what envs see and return is the same either way.
+        """
+        host, slots, shape, obs_rows = cast("SubEnvHost", self), self._slots, self._obs_shape, arrays.obs
+        observations: list[Any] = []
+        rewards: list[Any] = []
+        terms: list[Any] = []
+        truncs: list[Any] = []
+        infos: list[Any] = []
+        failures: list[Failure] = []
+        missing = False  # an env out of restarts before its first observation
+        for p, action in zip(positions, actions, strict=True):
+            slot = slots[p]
+            if slot.needs_reset or slot.streak.failures:
+                r = run_sync(step_one(host, slot, action))
+            else:
+                try:
+                    obs, rew, term, trunc, info = slot.env.step(action)
+                except Exception as exc:
+                    r = run_sync(failed_step(host, slot, exc))
+                else:
+                    # exactly what check_step takes without looking further (an
+                    # ndarray of the space's shape: a scalar would broadcast into a row)
+                    if (type(obs) is np.ndarray and obs.shape == shape
+                            and isinstance(rew, SCALARS) and isinstance(term, FLAGS)
+                            and isinstance(trunc, FLAGS) and isinstance(info, dict)
+                            and not (term or trunc)):
+                        slot.last_obs = obs
+                        obs_rows[p] = obs
+                        observations.append(obs)
+                        rewards.append(rew)
+                        terms.append(term)
+                        truncs.append(trunc)
+                        infos.append(info)
+                        continue
+                    r = run_sync(stepped(host, slot, obs, rew, term, trunc, info))
+            obs, rew, term, trunc, info, failure = r
+            if failure is not None:
+                failures.append(failure)
+            if obs is None:
+                missing = True
+            else:
+                obs_rows[p] = obs
+            observations.append(obs)
+            rewards.append(rew)
+            terms.append(bool(term))
+            truncs.append(bool(trunc))
+            infos.append(info)
+        if missing:  # no row to write: send them all packed, as the generic code does
+            by_index = {f.index: f for f in failures}
+            return self._pack(positions, [
+                (o, r_, t, u, i, by_index.get(slots[p].index))
+                for p, o, r_, t, u, i in zip(positions, observations, rewards, terms, truncs,
+                                             infos, strict=True)], is_reset=False)
+        idx = shared_arrays.rows(positions)
+        arrays.rewards[idx] = rewards
+        arrays.terminations[idx] = terms
+        arrays.truncations[idx] = truncs
+        return Batch(list(positions), None, None, None, None,
+                     infos if any(infos) else [],  # all empty: nothing to ship
+                     failures, False)
+
     def _write_shared(self, arrays: shared_arrays.SharedArrays, positions: Sequence[int],
                       results: list[Any]) -> Batch:
+        """Write the generic code's results (async envs, threads, ...) into the arrays."""
         if any(r[0] is None for r in results):  # out of restarts before any observation
             return self._pack(positions, results, is_reset=False)
         obs = arrays.obs

@@ -470,6 +470,7 @@ class Channel:
         if call is None:  # not ours (a call dropped on our side): nothing waits for it
             return
         call.done = True
+        value: Any
         try:
             if status in (_STEPPED, _STEPPED_MORE) and call.positions is not None:
                 value = _stepped(call.positions, status, body)

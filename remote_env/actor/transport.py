@@ -227,7 +227,9 @@ def _step_lean(host: SubEnvHost, arrays: shared_arrays.SharedArrays,
                  failures, False)
 
 
-@functools.cache
+_UNWRAPPED: dict[type, dict[str, Callable[..., Any]]] = {}
+
+
 def _unwrapped(cls: type) -> dict[str, Callable[..., Any]]:
     """The channel's methods of ``cls`` as written, without Ray's wrappers.
 
@@ -235,5 +237,8 @@ def _unwrapped(cls: type) -> dict[str, Callable[..., Any]]:
     tracing off): on the channel's path those wrappers cost a fifth of the actor's
     CPU per call with cheap envs. Channel calls go through these functions instead.
     """
-    return {name: inspect.unwrap(getattr(cls, name))
-            for name in (*CHANNEL_METHODS, "_serve_channel")}
+    methods = _UNWRAPPED.get(cls)
+    if methods is None:
+        methods = _UNWRAPPED[cls] = {name: inspect.unwrap(getattr(cls, name))
+                                     for name in (*CHANNEL_METHODS, "_serve_channel")}
+    return methods

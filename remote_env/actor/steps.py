@@ -4,6 +4,10 @@ Written once as coroutines: envs with ``astep``/``areset`` are awaited together 
 the host's event loop; for ordinary envs they never suspend and :func:`run_sync`
 runs them to completion without one (~1 us per step).
 
+The host's lean shared-memory loop calls ``env.step`` itself and hands the results
+it does not take as they are to :func:`stepped` (or an exception to
+:func:`failed_step`), so both ways run the same checks and autoreset.
+
 Module functions, not SubEnvHost methods: Ray turns a class with any ``async def``
 method into an asyncio actor, which does not run calls in the order they were sent
 (a replacement actor's step() could run before its start()).

@@ -6,6 +6,11 @@ and, when the spaces batch into plain arrays, through shared memory
 results into the connection's arrays and replies with only what is not an array.
 Pool trainers wrap hot calls in ``fenced(epoch, ...)`` so a lapsed lease cannot step
 envs another trainer now holds.
+
+``shared_step`` of sync envs takes a lean loop (:func:`_step_lean`): per env just
+``env.step`` and the checks a good result passes at a glance, the rest handed to
+the generic per-env code of :mod:`remote_env.actor.steps`. Channel calls reach the
+methods as written, past the tracing wrappers Ray puts on every actor method.
 """
 
 from __future__ import annotations

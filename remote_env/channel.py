@@ -73,6 +73,9 @@ from remote_env._types import Batch
 
 AUTH_TIMEOUT_S = 5.0
 _NONCE = 32
+#: in the handshake's digests: a peer speaking other frames fails to authenticate
+#: (the driver then uses Ray calls) instead of hanging on frames it cannot read
+_PROTOCOL = b"/frames-2"
 #: every frame: body size, call id, op (calls) or status (replies)
 _HEAD = struct.Struct("<IQB")
 #: a shared_step call's body: epoch (0: not fenced), count, first position (-1: listed)
@@ -137,16 +140,16 @@ def _server_handshake(sock: socket.socket, key: bytes) -> None:
     nonce = secrets.token_bytes(_NONCE)
     sock.sendall(nonce)
     answer = _recv_exact(sock, 32 + _NONCE)
-    if not hmac.compare_digest(answer[:32], _digest(key, b"client", nonce)):
+    if not hmac.compare_digest(answer[:32], _digest(key, b"client" + _PROTOCOL, nonce)):
         raise AuthenticationError("the client does not hold the channel key")
-    sock.sendall(_digest(key, b"server", answer[32:]))
+    sock.sendall(_digest(key, b"server" + _PROTOCOL, answer[32:]))
 
 
 def _client_handshake(sock: socket.socket, key: bytes) -> None:
     nonce = _recv_exact(sock, _NONCE)
     mine = secrets.token_bytes(_NONCE)
-    sock.sendall(_digest(key, b"client", nonce) + mine)
-    if not hmac.compare_digest(_recv_exact(sock, 32), _digest(key, b"server", mine)):
+    sock.sendall(_digest(key, b"client" + _PROTOCOL, nonce) + mine)
+    if not hmac.compare_digest(_recv_exact(sock, 32), _digest(key, b"server" + _PROTOCOL, mine)):
         raise AuthenticationError("the channel server does not hold the key")
 
 

@@ -306,3 +306,17 @@ def test_big_values_cross_both_ways_between_small_ones(server: Any) -> None:
     np.testing.assert_array_equal(channel.get(calls[1], _NoRay()), big)
     assert channel.get(calls[2], _NoRay()) == 2
     ch.close()
+
+
+def test_a_peer_speaking_other_frames_fails_to_authenticate(server: Any) -> None:
+    """A driver of the pickled-frames channel: refused at the handshake, not left
+    hanging on frames it cannot read (it then uses Ray calls)."""
+    old = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old.settimeout(5)
+    old.connect(server.address)
+    try:
+        nonce = channel._recv_exact(old, channel._NONCE)
+        old.sendall(channel._digest(server.authkey, b"client", nonce) + bytes(channel._NONCE))
+        assert old.recv(64) == b"", "the server must drop a client of the old frames"
+    finally:
+        old.close()

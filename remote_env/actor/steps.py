@@ -4,6 +4,10 @@ Written once as coroutines: envs with ``astep``/``areset`` are awaited together 
 the host's event loop; for ordinary envs they never suspend and :func:`run_sync`
 runs them to completion without one (~1 us per step).
 
+The host's lean shared-memory loop calls ``env.step`` itself and hands the results
+it does not take as they are to :func:`stepped` (or an exception to
+:func:`failed_step`), so both ways run the same checks and autoreset.
+
 Module functions, not SubEnvHost methods: Ray turns a class with any ``async def``
 method into an asyncio actor, which does not run calls in the order they were sent
 (a replacement actor's step() could run before its start()).
@@ -100,7 +104,29 @@ async def step_one(host: SubEnvHost, slot: Slot, action: Any) -> Any:
             check_step(host, obs, rew, term, trunc, info)
             done = bool(term or trunc)
     except Exception as exc:
-        return await _failed_step(host, slot, exc)
+        return await failed_step(host, slot, exc)
+    if _good_step(host, slot, obs, done):
+        return await _same_step_end(host, slot, obs, rew, term, trunc, info)
+    return obs, rew, term, trunc, info, None
+
+
+async def stepped(host: SubEnvHost, slot: Slot, obs: Any, rew: Any, term: Any, trunc: Any,
+                  info: Any) -> Any:
+    """The rest of :func:`step_one` for a sync env whose ``step`` returned these: the
+    host's lean loop (:meth:`~remote_env.actor.transport.HostTransport.shared_step`)
+    hands over each result it does not take as it is (malformed, or an episode end)."""
+    try:
+        check_step(host, obs, rew, term, trunc, info)
+        done = bool(term or trunc)
+    except Exception as exc:
+        return await failed_step(host, slot, exc)
+    if _good_step(host, slot, obs, done):
+        return await _same_step_end(host, slot, obs, rew, term, trunc, info)
+    return obs, rew, term, trunc, info, None
+
+
+def _good_step(host: SubEnvHost, slot: Slot, obs: Any, done: bool) -> bool:
+    """A step's bookkeeping; True: SAME_STEP mode resets the env now."""
     if slot.streak.failures:  # a good step ends a crash loop
         host._crash_loop.succeeded(slot.streak)
     slot.last_obs = obs
@@ -108,10 +134,15 @@ async def step_one(host: SubEnvHost, slot: Slot, action: Any) -> Any:
         if host._mode is AutoresetMode.NEXT_STEP:
             slot.needs_reset = True
         elif host._mode is AutoresetMode.SAME_STEP:
-            final = {"final_obs": obs, "final_info": info}
-            obs, info, failure = await _same_step_reset(host, slot)
-            return obs, rew, term, trunc, {**final, **info}, failure
-    return obs, rew, term, trunc, info, None
+            return True
+    return False
+
+
+async def _same_step_end(host: SubEnvHost, slot: Slot, obs: Any, rew: Any, term: Any,
+                         trunc: Any, info: Any) -> Any:
+    final = {"final_obs": obs, "final_info": info}
+    obs, info, failure = await _same_step_reset(host, slot)
+    return obs, rew, term, trunc, {**final, **info}, failure
 
 
 async def _same_step_reset(host: SubEnvHost, slot: Slot) -> Any:
@@ -119,8 +150,11 @@ async def _same_step_reset(host: SubEnvHost, slot: Slot) -> Any:
     return obs, info, failure
 
 
-async def _failed_step(host: SubEnvHost, slot: Slot, exc: BaseException) -> Any:
-    """A failed step ends the episode: truncated, with the error in info."""
+async def failed_step(host: SubEnvHost, slot: Slot, exc: BaseException) -> Any:
+    """A failed step ends the episode: truncated, with the error in info.
+
+    Call it in the ``except`` block: the failure's traceback is the one being handled.
+    """
     failure = host._restart_slot(slot, "exception", exc)
     info: dict[str, Any] = {"error": failure.message}
     term: Any = False
@@ -145,8 +179,9 @@ class MalformedResultError(TypeError):
     """An env's step/reset returned something gymnasium's contract does not allow."""
 
 
-_SCALARS = (float, int, np.floating, np.integer)
-_FLAGS = (bool, np.bool_)
+#: what check_step takes without looking further (the lean loop's cheap checks too)
+SCALARS = (float, int, np.floating, np.integer)
+FLAGS = (bool, np.bool_)
 
 
 def check_obs(host: SubEnvHost, obs: Any, where: str) -> None:
@@ -164,14 +199,14 @@ def check_obs(host: SubEnvHost, obs: Any, where: str) -> None:
 def check_step(host: SubEnvHost, obs: Any, rew: Any, term: Any, trunc: Any, info: Any) -> None:
     """Refuse a malformed result here, as this env's failure: packed with its siblings'
     it would fail the whole actor's call."""
-    if not isinstance(rew, _SCALARS) and (
+    if not isinstance(rew, SCALARS) and (
         isinstance(rew, (str, bytes)) or np.ndim(rew) != 0
         or np.asarray(rew).dtype.kind not in "biuf"
     ):
         raise MalformedResultError(
                 f"step returned reward {rew!r} ({type(rew).__name__}), expected a real number")
     for name, flag in (("terminated", term), ("truncated", trunc)):
-        if not isinstance(flag, _FLAGS) and (
+        if not isinstance(flag, FLAGS) and (
             isinstance(flag, (str, bytes)) or np.ndim(flag) != 0
             or np.asarray(flag).dtype.kind not in "biu"
         ):

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from remote_env import channel
+from remote_env import channel, errors
+from remote_env._types import Batch, Failure
 
 
 class _NoRay:
@@ -153,3 +154,169 @@ def test_values_plain_pickle_cannot_name_cross_by_value(server: Any) -> None:
     # and the other way: a lambda in the call itself
     assert channel.get(ch.call(("echo", lambda: 5)), _NoRay())() == 5
     ch.close()
+
+
+# ------------------------------------------------ the binary shared_step call
+
+
+class _Stepper:
+    """A handler that records the messages and answers shared_step like a host."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+        self.infos: list[Any] = []
+        self.failures: list[Any] = []
+        self.raise_: BaseException | None = None
+        self.packed = False
+
+    def __call__(self, message: Any) -> Any:
+        self.messages.append(message)
+        if self.raise_ is not None:
+            raise self.raise_
+        positions = message[-2]
+        obs = np.zeros((len(positions), 2)) if self.packed else None
+        return Batch(list(positions), obs, None, None, None, self.infos, self.failures, False)
+
+
+@pytest.fixture
+def stepper() -> Any:
+    handler = _Stepper()
+    srv = channel.ChannelServer(handler)
+    ch = channel.Channel(srv.address, srv.authkey)
+    yield handler, ch
+    ch.close()
+    srv.close()
+
+
+def test_a_shared_step_is_a_header_and_positions_not_a_pickle() -> None:
+    step = channel._step_call(("shared_step", [4, 5, 6], None))
+    assert step is not None
+    op, body, positions = step
+    assert op == channel._STEP and positions == [4, 5, 6]
+    assert len(body) == channel._STEP_ARGS.size  # a range: no positions listed
+    step = channel._step_call(("fenced", 9, "shared_step", [2, 0, 1], None))
+    assert step is not None
+    op, body, _ = step
+    assert op == channel._FENCED_STEP and len(body) == channel._STEP_ARGS.size + 3 * 4
+    assert channel._step_message(op, memoryview(body)) == (
+        "fenced", 9, "shared_step", [2, 0, 1], None)
+    # not int32 positions: the pickled path carries them as they are
+    assert channel._step_call(("shared_step", [0.5], None)) is None
+    assert channel._step_call(("shared_step", [2**40], None)) is None
+    assert channel._step_call(("step", [0], [1])) is None
+
+
+@pytest.mark.parametrize("positions", [[0, 1, 2, 3], [3, 1, 2], [7], []])
+def test_shared_step_calls_round_trip(stepper: Any, positions: list[int]) -> None:
+    handler, ch = stepper
+    acts = np.arange(len(positions), dtype=np.int64)
+    plain = channel.get(ch.call(("shared_step", positions, None)), _NoRay())
+    fenced = channel.get(ch.call(("fenced", 3, "shared_step", positions, acts)), _NoRay())
+    for batch in (plain, fenced):
+        assert batch == Batch(positions, None, None, None, None, [], [], False)
+        assert type(batch.indices) is list
+    (name, got, none), (fence, epoch, name2, got2, got_acts) = handler.messages
+    assert (name, list(got), none) == ("shared_step", positions, None)
+    assert (fence, epoch, name2, list(got2)) == ("fenced", 3, "shared_step", positions)
+    np.testing.assert_array_equal(got_acts, acts)
+    assert got_acts.dtype == acts.dtype
+
+
+def test_a_shared_step_reply_carries_infos_and_failures_when_there_are_some(stepper: Any) -> None:
+    handler, ch = stepper
+    handler.infos = [{"t": 1}, {}]
+    handler.failures = [Failure(1, "exception", "boom", "tb", restarted=True)]
+    decoded: list[Any] = []
+    batch = channel.get(ch.call(("shared_step", [5, 6], None), decoded.append), _NoRay())
+    assert batch is None and decoded == [Batch([5, 6], None, None, None, None, handler.infos,
+                                               handler.failures, False)]
+    # an env with no observation: the host packs the whole batch, and it crosses whole
+    handler.infos, handler.failures, handler.packed = [], [], True
+    batch = channel.get(ch.call(("shared_step", [5, 6], None)), _NoRay())
+    assert batch.obs.shape == (2, 2)
+
+
+def test_a_shared_step_that_raises_reaches_the_driver_as_today(stepper: Any) -> None:
+    handler, ch = stepper
+    handler.raise_ = errors.LeaseLostError("leased to another trainer")
+    with pytest.raises(errors.LeaseLostError, match="another trainer"):
+        channel.get(ch.call(("fenced", 1, "shared_step", [0], None)), _NoRay())
+    handler.raise_ = KeyError("nope")
+    with pytest.raises(channel.RemoteCallError, match="KeyError") as info:
+        channel.get(ch.call(("shared_step", [0], None)), _NoRay())
+    assert "Traceback" in info.value.remote_traceback
+    handler.raise_ = None
+    assert channel.get(ch.call(("shared_step", [0], None)), _NoRay()).indices == [0]
+
+
+def test_a_reply_that_cannot_be_decoded_fails_its_call_only(stepper: Any) -> None:
+    handler, ch = stepper
+    handler.infos = [{"x": _Undecodable()}]
+    with pytest.raises(channel.ResultDecodeError, match="only_in_the_actors_runtime_env"):
+        channel.get(ch.call(("shared_step", [0], None)), _NoRay())
+    handler.infos = []
+    assert channel.get(ch.call(("shared_step", [1], None)), _NoRay()).indices == [1]
+
+
+# ----------------------------------------------------------------- framing
+
+
+def test_frames_split_across_reads_joined_in_one_read_and_bigger_than_the_buffer() -> None:
+    a, b = socket.socketpair()
+    try:
+        frames = channel._Frames(b)
+        big = os.urandom(3 * channel._BUFFER + 7)
+        wire = (channel._frame(1, 0, b"one") + channel._frame(2, 3, b"")
+                + channel._frame(3, 1, big) + channel._frame(4, 2, b"four"))
+
+        def send() -> None:  # a byte at a time at first, then the rest in chunks
+            for i in range(40):
+                a.sendall(wire[i:i + 1])
+                time.sleep(0.001)
+            for i in range(40, len(wire), 10_000):
+                a.sendall(wire[i:i + 10_000])
+
+        t = threading.Thread(target=send)
+        t.start()
+        got = []
+        for _ in range(4):
+            call_id, op, body = frames.wait()
+            got.append((call_id, op, bytes(body)))
+        t.join()
+        assert got == [(1, 0, b"one"), (2, 3, b""), (3, 1, big), (4, 2, b"four")]
+        a.sendall(channel._frame(5, 0, b"x") + channel._frame(6, 0, b"y"))  # one read, two
+        frames.fill()
+        x, y = frames.next(), frames.next()
+        assert x is not None and y is not None
+        assert (bytes(x[2]), bytes(y[2])) == (b"x", b"y")
+        assert frames.next() is None
+        a.close()
+        with pytest.raises(EOFError):
+            frames.fill()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_big_values_cross_both_ways_between_small_ones(server: Any) -> None:
+    ch = channel.Channel(server.address, server.authkey)
+    big = np.random.default_rng(0).integers(0, 255, size=(3, 400_000), dtype=np.uint8)
+    calls = [ch.call(("echo", 1)), ch.call(("echo", big)), ch.call(("echo", 2))]
+    assert channel.get(calls[0], _NoRay()) == 1
+    np.testing.assert_array_equal(channel.get(calls[1], _NoRay()), big)
+    assert channel.get(calls[2], _NoRay()) == 2
+    ch.close()
+
+
+def test_a_peer_speaking_other_frames_fails_to_authenticate(server: Any) -> None:
+    """A driver of the pickled-frames channel: refused at the handshake, not left
+    hanging on frames it cannot read (it then uses Ray calls)."""
+    old = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old.settimeout(5)
+    old.connect(server.address)
+    try:
+        nonce = channel._recv_exact(old, channel._NONCE)
+        old.sendall(channel._digest(server.authkey, b"client", nonce) + bytes(channel._NONCE))
+        assert old.recv(64) == b"", "the server must drop a client of the old frames"
+    finally:
+        old.close()

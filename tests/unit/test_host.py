@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import threading
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from remote_env import channel, errors, shared_arrays
+from remote_env.actor import transport
 from remote_env.actor.host import SubEnvHost, restart_seed
 
 
@@ -300,3 +304,79 @@ def test_multi_agent_pettingzoo_autoreset_next_step() -> None:
     assert b3.rewards[0] == {"player_0": 0.0, "player_1": 0.0}
     assert b3.obs[0] == {"player_0": 3, "player_1": 3}
     assert b3.truncations[0]["__all__"] is False
+
+
+class _NoRay:
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("Ray must not be used for channel calls")
+
+    get = wait
+
+
+def _serve(host: SubEnvHost) -> Any:
+    """The host's channel server as open_channel makes it (which needs Ray's node id)."""
+    serve = functools.partial(transport._unwrapped(type(host))["_serve_channel"], host)
+    return channel.ChannelServer(serve, on_disconnect=host._release_shared)
+
+
+def test_shared_steps_over_a_channel_and_fenced_ones_refused_once_leased_again() -> None:
+    n = 4
+    fns = [lambda: gym.make("CartPole-v1")] * n
+    host, ref = SubEnvHost(fns), SubEnvHost(fns)
+    host.start()
+    ref.start()
+    srv = _serve(host)
+    ch = channel.Channel(srv.address, srv.authkey)
+    name = shared_arrays.new_name()
+    where = channel.get(ch.call(("open_shared", name)), _NoRay())
+    arrays = shared_arrays.SharedArrays(name, *where, create=False)
+    shared_arrays.unlink(name)
+    try:
+        host.reset(range(n), list(range(n)), None)
+        ref.reset(range(n), list(range(n)), None)
+        decode = functools.partial(shared_arrays.read_batch, arrays)
+        for positions, epoch in (([0, 1, 2, 3], None), ([2, 0], 1), ([3], 2), ([1, 2], 2)):
+            acts = np.ones(len(positions), dtype=np.int64)
+            want = ref.step(positions, list(acts))
+            assert shared_arrays.write_actions(arrays, positions, acts)
+            message = (("shared_step", positions, None) if epoch is None else
+                       ("fenced", epoch, "shared_step", positions, None))
+            got = channel.get(ch.call(message, decode), _NoRay())
+            assert got.indices == positions and got.failures == []
+            np.testing.assert_array_equal(got.obs, want.obs)
+            np.testing.assert_array_equal(got.rewards, want.rewards)
+        host.fence(5)  # the pool leased these envs to another trainer
+        with pytest.raises(errors.LeaseLostError):
+            channel.get(ch.call(("fenced", 2, "shared_step", [0], None), decode), _NoRay())
+        got = channel.get(ch.call(("fenced", 5, "shared_step", [0], np.array([1])), decode),
+                          _NoRay())
+        assert got.indices == [0]
+        with pytest.raises(channel.RemoteCallError, match="unknown channel call"):
+            channel.get(ch.call(("close",)), _NoRay())
+    finally:
+        ch.close()
+        srv.close()
+        arrays.close()
+        host.close()
+
+
+def test_channel_calls_skip_wrappers_like_rays_tracing() -> None:
+    calls = []
+
+    def wrap(method: Any) -> Any:
+        @functools.wraps(method)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            calls.append(method.__name__)
+            return method(self, *args, **kwargs)
+        return wrapper
+
+    class Wrapped(SubEnvHost):  # what ray.remote makes of the class
+        pass
+
+    for name in ("shared_step", "fenced", "_serve_channel", "ping"):
+        setattr(Wrapped, name, wrap(getattr(SubEnvHost, name)))
+    methods = transport._unwrapped(Wrapped)
+    assert methods["shared_step"] is SubEnvHost.shared_step
+    assert methods["fenced"] is SubEnvHost.fenced
+    assert "ping" not in methods
+    assert calls == []

@@ -5,6 +5,7 @@ Real segments in /dev/shm (no mocks): both ends are mapped in this process.
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 from typing import Any
@@ -128,3 +129,98 @@ def test_host_shared_step_matches_sync_vector_env(mode: AutoresetMode) -> None:
     host._release_shared()
     driver.close()
     host.close()
+
+
+def test_rows_of_a_range_are_a_slice() -> None:
+    assert shared_arrays.rows(range(3, 7)) == slice(3, 7)
+    assert shared_arrays.rows(range(0, 0)) == slice(0, 0)
+
+
+class _Odd(gym.Wrapper):
+    """CartPole returning, at some steps, what the host's lean loop must not take as it
+    is: malformed results (refused), unusual but valid types (taken), exceptions."""
+
+    KINDS = ("ok", "scalar_obs", "obs_shape", "str_reward", "array_terminated",
+             "info_list", "four_values", "list_result", "np_types", "dict_subclass",
+             "float64_obs", "raises", "ok", "ok")
+
+    def __init__(self) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+
+    def step(self, action: Any) -> Any:
+        obs, rew, term, trunc, info = self.env.step(action)
+        # from the state: the same in both hosts, and not the same after every restart
+        kind = self.KINDS[int(abs(obs[0]) * 1e7) % len(self.KINDS)]
+        if kind == "raises":
+            raise RuntimeError("boom")
+        return {
+            "ok": (obs, rew, term, trunc, info),
+            "scalar_obs": (np.float32(0.5), rew, term, trunc, info),  # would broadcast
+            "obs_shape": (obs[:2], rew, term, trunc, info),
+            "str_reward": (obs, "1", term, trunc, info),
+            "array_terminated": (obs, rew, np.array([True, False]), trunc, info),
+            "info_list": (obs, rew, term, trunc, []),
+            "four_values": (obs, rew, term, info),
+            "list_result": [obs, rew, term, trunc, info],
+            "np_types": (obs, np.float32(rew), np.bool_(term), np.bool_(trunc), info),
+            "dict_subclass": (obs, rew, term, trunc, collections.OrderedDict(info)),
+            "float64_obs": (obs.astype(np.float64), rew, term, trunc, info),
+        }[kind]
+
+
+def _same_failures(a: list[Any], b: list[Any]) -> None:
+    assert [(f.index, f.reason, f.message, f.restarted, f.permanent) for f in a] == \
+        [(f.index, f.reason, f.message, f.restarted, f.permanent) for f in b]
+
+
+def _same_infos(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if k == "final_obs":
+            np.testing.assert_array_equal(a[k], b[k])
+        elif k == "final_info":
+            _same_infos(a[k], b[k])
+        else:
+            assert a[k] == b[k], k
+
+
+@pytest.mark.parametrize("restart", [True, False])
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+def test_the_lean_shared_step_matches_the_generic_step(mode: AutoresetMode, restart: bool) -> None:
+    """Every irregular result goes the generic way: the same results, failures,
+    restarts as host.step, for odd envs next to good ones."""
+    n = 6
+    fns = [_Odd if i % 2 else (lambda: gym.make("CartPole-v1")) for i in range(n)]
+    kw: dict[str, Any] = {"autoreset_mode": mode.value, "restart_failed": restart, "max_restarts": 1000}
+    ref, host = SubEnvHost(fns, **kw), SubEnvHost(fns, **kw)
+    ref.start()
+    host.start()
+    where = host.open_shared(name := shared_arrays.new_name())
+    assert where is not None
+    driver = shared_arrays.SharedArrays(name, *where, create=False)
+    ref.reset(range(n), list(range(n)), None)
+    host.reset(range(n), list(range(n)), None)
+    rng = np.random.default_rng(1)
+    live = list(range(n))
+    for _ in range(150):
+        actions = rng.integers(0, 2, size=len(live))
+        r = ref.step(live, list(actions))
+        assert shared_arrays.write_actions(driver, live, actions)
+        b = shared_arrays.read_batch(driver, host.shared_step(live))
+        _same_failures(b.failures, r.failures)
+        np.testing.assert_array_equal(b.obs, r.obs)
+        np.testing.assert_array_equal(b.rewards, r.rewards)
+        np.testing.assert_array_equal(b.terminations, r.terminations)
+        np.testing.assert_array_equal(b.truncations, r.truncations)
+        for x, y in zip(b.infos, r.infos, strict=True):
+            _same_infos(x, y)
+        # out of restarts: stop stepping those (as the driver would raise)
+        gone = {f.index for f in r.failures if f.permanent}
+        live = [p for p in live if p not in gone]
+        if not live:
+            break
+    assert host.restart_counts() == ref.restart_counts()
+    host._release_shared()
+    driver.close()
+    host.close()
+    ref.close()

@@ -29,6 +29,7 @@ from remote_env.actor.steps import FLAGS, SCALARS, failed_step, run_sync, step_o
 
 if TYPE_CHECKING:
     from remote_env.actor.host import SubEnvHost
+    from remote_env.actor.threads import Gang
 
 # what a driver may call over a channel (the hot calls; lifecycle stays with Ray)
 FENCED_METHODS = frozenset({"step", "reset", "call", "set_attr", "shared_step"})
@@ -44,7 +45,7 @@ class HostTransport:
     _info: dict[str, Any] | None
     _multi_agent: bool
     _async: bool
-    _pool: Any
+    _pool: Gang | None
     _obs_shape: tuple[int, ...] | None
     _slots: list[Any]
     # per connection (each is served on its own thread): that driver's shared arrays

@@ -156,6 +156,7 @@ class ActorSet:
     start_timeout_s: float
     metrics: Any
     transport: str
+    spin_us: float
     _ray: Any
     _node_id: str | None
     _threads: int
@@ -327,7 +328,7 @@ class ActorSet:
         """
         name = shared_arrays.new_name()
         try:
-            where = channel.get(chan.call(("open_shared", name)), self._ray)
+            where = channel.get(chan.call(("open_shared", name, self.spin_us / 1e6)), self._ray)
             return None if where is None else shared_arrays.SharedArrays(name, *where,
                                                                          create=False)
         except Exception:  # an older host, or it died: the socket path still works

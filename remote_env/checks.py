@@ -8,6 +8,7 @@ expected and what arrived, as gymnasium's do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,21 +28,32 @@ def positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
+def duration(name: str, value: Any, *, positive: bool = False) -> None:
+    """A time option: a finite real number, >= 0 (> 0 when ``positive``); NaN, inf,
+    bools and strings are refused (NaN compares false with everything: a plain
+    ``< 0`` lets it through)."""
+    ok = (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+          and math.isfinite(value) and (value > 0 if positive else value >= 0))
+    if not ok:
+        raise ValueError(f"{name} must be a finite number {'>' if positive else '>='} 0, "
+                         f"got {value!r}")
+
+
 def options(*, envs_per_actor: Any, threads_per_actor: Any, max_restarts: Any,
             batch_wait_ms: Any, step_timeout_s: Any, restart_backoff_s: Any,
-            transport: Any, observation_mode: Any) -> None:
+            transport: Any, observation_mode: Any, spin_us: Any = 0.0) -> None:
     """The constructor's numeric and enum options (before any actor exists)."""
     if envs_per_actor is not None:
         positive_int("envs_per_actor", envs_per_actor)
     positive_int("threads_per_actor", threads_per_actor)
-    if max_restarts < 0:
-        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
-    if batch_wait_ms < 0:
-        raise ValueError(f"batch_wait_ms must be >= 0, got {batch_wait_ms}")
-    if step_timeout_s is not None and step_timeout_s <= 0:
-        raise ValueError(f"step_timeout_s must be > 0 or None, got {step_timeout_s}")
-    if restart_backoff_s < 0:
-        raise ValueError(f"restart_backoff_s must be >= 0, got {restart_backoff_s}")
+    if not isinstance(max_restarts, (int, np.integer)) or isinstance(max_restarts, bool) \
+            or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    duration("batch_wait_ms", batch_wait_ms)
+    if step_timeout_s is not None:
+        duration("step_timeout_s (or None: wait forever)", step_timeout_s, positive=True)
+    duration("restart_backoff_s", restart_backoff_s)
+    duration("spin_us", spin_us)
     if transport not in TRANSPORTS:
         raise ValueError(
             f"transport must be 'auto' (shared memory and a Unix socket to actors on this "

@@ -106,12 +106,16 @@ class HostTransport:
             return _unwrapped(type(self))[method](self, *args)
 
     # ------------------------------------------------------------ shared arrays
-    def open_shared(self, name: str) -> tuple[shared_arrays.Layout, int] | None:
+    def open_shared(self, name: str, spin_s: float = 0.0) -> tuple[shared_arrays.Layout, int] | None:
         """Create segment ``name`` for this connection's driver; None: not for these envs.
 
         Only over a channel (its thread is the connection): the driver maps the
-        segment, unlinks its name, then calls :meth:`shared_step`.
+        segment, unlinks its name, then calls :meth:`shared_step`. ``spin_s``: how long
+        this connection looks for the driver's next call before sleeping
+        (:meth:`~remote_env.channel.ChannelServer.spin`).
         """
+        if self._channel is not None:
+            self._channel.spin(spin_s)
         info = self._info
         if info is None or self._multi_agent or info["other_spaces"]:
             return None  # per-env shapes differ, or results are dicts: keep pickling

@@ -11,6 +11,7 @@ import functools
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -46,9 +47,11 @@ class _DictObs(gym.ObservationWrapper[Any, Any, Any]):
         return {"x": observation}
 
 
-def test_box_envs_step_through_shared_memory_with_exact_infos() -> None:
+@pytest.mark.parametrize("spin_us", [0.0, 500.0])
+def test_box_envs_step_through_shared_memory_with_exact_infos(spin_us: float) -> None:
     n = 6
-    remote = RemoteVectorEnv([examples.SparseInfoCartPole] * n, envs_per_actor=3)
+    remote = RemoteVectorEnv([examples.SparseInfoCartPole] * n, envs_per_actor=3,
+                             spin_us=spin_us)
     sync = gym.vector.SyncVectorEnv([examples.SparseInfoCartPole] * n)
     try:
         np.testing.assert_array_equal(remote.reset(seed=5)[0], sync.reset(seed=5)[0])
@@ -124,3 +127,26 @@ def test_an_actor_it_does_not_own_unmaps_when_the_driver_closes() -> None:
         assert not _segments()
     finally:
         envs._ray.kill(actor)
+
+
+def test_a_spinning_actor_stops_spinning_when_the_driver_pauses() -> None:
+    """spin_us is a bound: an actor whose driver thinks (a learner update) sleeps."""
+    remote = RemoteVectorEnv([examples.SparseInfoCartPole] * 2, envs_per_actor=2,
+                             spin_us=20_000.0)
+    try:
+        remote.reset(seed=0)
+        remote.step(np.zeros(2, dtype=np.int64))
+        pid = remote._ray.get(remote.actors[0].ping.remote())
+
+        def cpu_s() -> float:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        time.sleep(0.1)  # past the spin after the last call
+        before = cpu_s()
+        time.sleep(1.0)  # the driver "thinks" for a second
+        assert cpu_s() - before < 0.3  # asleep, not a second of spinning
+        remote.step(np.zeros(2, dtype=np.int64))  # and it still answers
+    finally:
+        remote.close()

@@ -320,3 +320,48 @@ def test_a_peer_speaking_other_frames_fails_to_authenticate(server: Any) -> None
         assert old.recv(64) == b"", "the server must drop a client of the old frames"
     finally:
         old.close()
+
+
+def test_a_spinning_reader_takes_a_frame_that_comes_within_its_spin_and_sleeps_after() -> None:
+    a, b = socket.socketpair()
+    try:
+        frames = channel._Frames(b)
+        frames.spin_s = 0.05
+        threading.Timer(0.01, lambda: a.sendall(channel._frame(1, 0, b"soon"))).start()
+        c0 = time.process_time()
+        assert bytes(frames.wait()[2]) == b"soon"  # read by a non-blocking look
+        # a frame that comes after the spin is over is read by the sleeping recv
+        threading.Timer(0.3, lambda: a.sendall(channel._frame(2, 0, b"late"))).start()
+        t0 = time.perf_counter()
+        assert bytes(frames.wait()[2]) == b"late"
+        assert time.perf_counter() - t0 >= 0.25
+        # spinning yields the core and stops after spin_s: far less CPU than the wait
+        assert time.process_time() - c0 < 0.2
+        a.close()
+        with pytest.raises(EOFError):  # the end of the stream still ends a spin
+            frames.wait()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_handler_sets_the_spin_of_its_own_connection_only(server: Any) -> None:
+    seen: list[float] = []
+
+    def handler(message: Any) -> Any:
+        srv.spin(message[1])
+        seen.append(srv._local.frames.spin_s)
+        return message[1]
+
+    srv = channel.ChannelServer(handler)
+    try:
+        one = channel.Channel(srv.address, srv.authkey)
+        two = channel.Channel(srv.address, srv.authkey)
+        assert channel.get(one.call(("spin", 0.0005)), _NoRay()) == 0.0005
+        assert channel.get(two.call(("spin", -1.0)), _NoRay()) == -1.0
+        assert channel.get(one.call(("spin", 0.0005)), _NoRay()) == 0.0005
+        assert seen == [0.0005, 0.0, 0.0005]  # negative: no spin; per connection
+        one.close()
+        two.close()
+    finally:
+        srv.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import math
 import sys
 import time
 from typing import Any
@@ -47,6 +48,9 @@ def add_parser(sub: Any) -> None:
                    "ray: Ray calls only (default %(default)s)")
     p.add_argument("--batch-wait-ms", type=float, default=_default("batchWaitMs"),
                    help="how long recv() waits for more ready envs (default %(default)s)")
+    p.add_argument("--spin-us", type=float, default=0.0,
+                   help="how long an actor on this node looks for the next call before it "
+                   "sleeps; ~500 for cheap envs (see README) (default %(default)s)")
     p.add_argument("--seconds", type=float, default=30.0, help="how long to run (Ctrl-C stops early)")
     p.add_argument("--seed", type=int, default=0, help="reset seed of env 0 (env i: seed+i)")
     p.add_argument("--num-cpus", type=int, default=2, help="CPUs of the embedded Ray")
@@ -75,11 +79,14 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for name in ("num_envs", "envs_per_actor", "threads_per_actor"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.seconds <= 0:
+    if math.isnan(args.seconds) or args.seconds <= 0:  # inf: until Ctrl-C
         parser.error(f"--seconds must be > 0, got {args.seconds}")
     for flag, value in (("--max-restarts", args.max_restarts),
                         ("--step-timeout", args.step_timeout),
-                        ("--batch-wait-ms", args.batch_wait_ms)):
+                        ("--batch-wait-ms", args.batch_wait_ms),
+                        ("--spin-us", args.spin_us)):
+        if not math.isfinite(value):  # NaN passes a plain < 0
+            parser.error(f"{flag} must be a finite number, got {value}")
         if value < 0:
             parser.error(f"{flag} must be >= 0, got {value}")
     try:
@@ -153,6 +160,7 @@ def _open_envs(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
         max_restarts=args.max_restarts,
         threads_per_actor=args.threads_per_actor,
         transport=args.transport,
+        spin_us=args.spin_us,
         metrics=metrics,
     )
     cleanup.callback(envs.close)
@@ -183,7 +191,7 @@ def _open_pool(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
     print(f"pool {spec.name}: {spec.desired_envs} envs ready in "
           f"{time.monotonic() - t0:.1f}s", file=sys.stderr)
     # the trainer gets its own registry: the server already counts pool-side events
-    envs = attach(spec.name, metrics=PoolMetrics(pool=spec.name))
+    envs = attach(spec.name, metrics=PoolMetrics(pool=spec.name), spin_us=args.spin_us)
     cleanup.callback(envs.close)
     return envs
 

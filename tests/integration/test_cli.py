@@ -71,6 +71,10 @@ def test_bad_input_is_a_usage_error() -> None:
         (["--step-timeout", "-1"], "--step-timeout must be >= 0, got -1.0"),
         (["--max-restarts", "-1"], "--max-restarts must be >= 0, got -1"),
         (["--batch-wait-ms", "-1"], "--batch-wait-ms must be >= 0, got -1.0"),
+        (["--batch-wait-ms", "nan"], "--batch-wait-ms must be a finite number, got nan"),
+        (["--spin-us", "-5"], "--spin-us must be >= 0, got -5.0"),
+        (["--spin-us", "inf"], "--spin-us must be a finite number, got inf"),
+        (["--seconds", "nan"], "--seconds must be > 0, got nan"),
     ]:
         out = _run("run", *args, timeout=60)
         assert out.returncode == 2, (args, out.stderr)

@@ -95,31 +95,33 @@ async def step_one(host: SubEnvHost, slot: Slot, action: Any) -> Any:
         if host._multi_agent:
             obs, rew, term, trunc, info = multi_agent.step(slot.env, action)
             done = multi_agent.episode_over(slot.env, term, trunc)
+        elif host._async:
+            obs, rew, term, trunc, info = await slot.env.astep(action)
         else:
-            # inline, not a helper coroutine: ~1 us per step on the sync path
-            if host._async:
-                obs, rew, term, trunc, info = await slot.env.astep(action)
-            else:
-                obs, rew, term, trunc, info = slot.env.step(action)
-            check_step(host, obs, rew, term, trunc, info)
-            done = bool(term or trunc)
+            obs, rew, term, trunc, info = slot.env.step(action)
     except Exception as exc:
         return await failed_step(host, slot, exc)
-    if _good_step(host, slot, obs, done):
-        return await _same_step_end(host, slot, obs, rew, term, trunc, info)
-    return obs, rew, term, trunc, info, None
+    if not host._multi_agent:  # the checks and bookkeeping the lean loop hands over too
+        return await stepped(host, slot, obs, rew, term, trunc, info)
+    return await _ended(host, slot, obs, rew, term, trunc, info, done)
 
 
 async def stepped(host: SubEnvHost, slot: Slot, obs: Any, rew: Any, term: Any, trunc: Any,
                   info: Any) -> Any:
-    """The rest of :func:`step_one` for a sync env whose ``step`` returned these: the
-    host's lean loop (:meth:`~remote_env.actor.transport.HostTransport.shared_step`)
+    """The rest of :func:`step_one` for a single-agent env whose step returned these;
+    the host's lean loop (:meth:`~remote_env.actor.transport.HostTransport.shared_step`)
     hands over each result it does not take as it is (malformed, or an episode end)."""
     try:
         check_step(host, obs, rew, term, trunc, info)
         done = bool(term or trunc)
     except Exception as exc:
         return await failed_step(host, slot, exc)
+    return await _ended(host, slot, obs, rew, term, trunc, info, done)
+
+
+async def _ended(host: SubEnvHost, slot: Slot, obs: Any, rew: Any, term: Any, trunc: Any,
+                 info: Any, done: bool) -> Any:
+    """A good step's result, once its bookkeeping is done (SAME_STEP: reset at its end)."""
     if _good_step(host, slot, obs, done):
         return await _same_step_end(host, slot, obs, rew, term, trunc, info)
     return obs, rew, term, trunc, info, None

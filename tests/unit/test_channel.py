@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from remote_env import channel, errors
+from remote_env import channel, errors, wire
 from remote_env._types import Batch, Failure
 
 
@@ -189,21 +189,21 @@ def stepper() -> Any:
 
 
 def test_a_shared_step_is_a_header_and_positions_not_a_pickle() -> None:
-    step = channel._step_call(("shared_step", [4, 5, 6], None))
+    step = wire.step_call(("shared_step", [4, 5, 6], None))
     assert step is not None
     op, body, positions = step
-    assert op == channel._STEP and positions == [4, 5, 6]
-    assert len(body) == channel._STEP_ARGS.size  # a range: no positions listed
-    step = channel._step_call(("fenced", 9, "shared_step", [2, 0, 1], None))
+    assert op == wire.STEP and positions == [4, 5, 6]
+    assert len(body) == wire.STEP_ARGS.size  # a range: no positions listed
+    step = wire.step_call(("fenced", 9, "shared_step", [2, 0, 1], None))
     assert step is not None
     op, body, _ = step
-    assert op == channel._FENCED_STEP and len(body) == channel._STEP_ARGS.size + 3 * 4
-    assert channel._step_message(op, memoryview(body)) == (
+    assert op == wire.FENCED_STEP and len(body) == wire.STEP_ARGS.size + 3 * 4
+    assert wire.step_message(op, memoryview(body)) == (
         "fenced", 9, "shared_step", [2, 0, 1], None)
     # not int32 positions: the pickled path carries them as they are
-    assert channel._step_call(("shared_step", [0.5], None)) is None
-    assert channel._step_call(("shared_step", [2**40], None)) is None
-    assert channel._step_call(("step", [0], [1])) is None
+    assert wire.step_call(("shared_step", [0.5], None)) is None
+    assert wire.step_call(("shared_step", [2**40], None)) is None
+    assert wire.step_call(("step", [0], [1])) is None
 
 
 @pytest.mark.parametrize("positions", [[0, 1, 2, 3], [3, 1, 2], [7], []])
@@ -264,17 +264,17 @@ def test_a_reply_that_cannot_be_decoded_fails_its_call_only(stepper: Any) -> Non
 def test_frames_split_across_reads_joined_in_one_read_and_bigger_than_the_buffer() -> None:
     a, b = socket.socketpair()
     try:
-        frames = channel._Frames(b)
-        big = os.urandom(3 * channel._BUFFER + 7)
-        wire = (channel._frame(1, 0, b"one") + channel._frame(2, 3, b"")
-                + channel._frame(3, 1, big) + channel._frame(4, 2, b"four"))
+        frames = wire.Frames(b)
+        big = os.urandom(3 * wire.BUFFER + 7)
+        stream = (wire.frame(1, 0, b"one") + wire.frame(2, 3, b"")
+                  + wire.frame(3, 1, big) + wire.frame(4, 2, b"four"))
 
         def send() -> None:  # a byte at a time at first, then the rest in chunks
             for i in range(40):
-                a.sendall(wire[i:i + 1])
+                a.sendall(stream[i:i + 1])
                 time.sleep(0.001)
-            for i in range(40, len(wire), 10_000):
-                a.sendall(wire[i:i + 10_000])
+            for i in range(40, len(stream), 10_000):
+                a.sendall(stream[i:i + 10_000])
 
         t = threading.Thread(target=send)
         t.start()
@@ -284,7 +284,7 @@ def test_frames_split_across_reads_joined_in_one_read_and_bigger_than_the_buffer
             got.append((call_id, op, bytes(body)))
         t.join()
         assert got == [(1, 0, b"one"), (2, 3, b""), (3, 1, big), (4, 2, b"four")]
-        a.sendall(channel._frame(5, 0, b"x") + channel._frame(6, 0, b"y"))  # one read, two
+        a.sendall(wire.frame(5, 0, b"x") + wire.frame(6, 0, b"y"))  # one read, two
         frames.fill()
         x, y = frames.next(), frames.next()
         assert x is not None and y is not None
@@ -315,8 +315,8 @@ def test_a_peer_speaking_other_frames_fails_to_authenticate(server: Any) -> None
     old.settimeout(5)
     old.connect(server.address)
     try:
-        nonce = channel._recv_exact(old, channel._NONCE)
-        old.sendall(channel._digest(server.authkey, b"client", nonce) + bytes(channel._NONCE))
+        nonce = wire._recv_exact(old, wire.NONCE)
+        old.sendall(wire._digest(server.authkey, b"client", nonce) + bytes(wire.NONCE))
         assert old.recv(64) == b"", "the server must drop a client of the old frames"
     finally:
         old.close()
@@ -325,13 +325,13 @@ def test_a_peer_speaking_other_frames_fails_to_authenticate(server: Any) -> None
 def test_a_spinning_reader_takes_a_frame_that_comes_within_its_spin_and_sleeps_after() -> None:
     a, b = socket.socketpair()
     try:
-        frames = channel._Frames(b)
+        frames = wire.Frames(b)
         frames.spin_s = 0.05
-        threading.Timer(0.01, lambda: a.sendall(channel._frame(1, 0, b"soon"))).start()
+        threading.Timer(0.01, lambda: a.sendall(wire.frame(1, 0, b"soon"))).start()
         c0 = time.process_time()
         assert bytes(frames.wait()[2]) == b"soon"  # read by a non-blocking look
         # a frame that comes after the spin is over is read by the sleeping recv
-        threading.Timer(0.3, lambda: a.sendall(channel._frame(2, 0, b"late"))).start()
+        threading.Timer(0.3, lambda: a.sendall(wire.frame(2, 0, b"late"))).start()
         t0 = time.perf_counter()
         assert bytes(frames.wait()[2]) == b"late"
         assert time.perf_counter() - t0 >= 0.25

@@ -27,10 +27,12 @@ class CallLoop(FaultHandling):
     """Mixin of :class:`~remote_env.vector.RemoteVectorEnv`: the calls in flight."""
 
     _gathered: Batches
+    splits_per_actor: int
 
     def _submit(self, ids: np.ndarray, per_env: Any, options: dict[str, Any] | None, *,
                 is_reset: bool) -> None:
-        """One call per host for the envs ``ids``; ``per_env[j]`` belongs to ``ids[j]``."""
+        """One call per host (per split of it) for the envs ``ids``; ``per_env[j]`` belongs
+        to ``ids[j]``."""
         hosts_of = self._env_host[ids]
         groups: list[tuple[int, np.ndarray | None]]
         if len(ids) == self.num_envs and not is_reset:
@@ -55,15 +57,45 @@ class CallLoop(FaultHandling):
                 payload = per_env[sel] if isinstance(per_env, np.ndarray) else [
                     per_env[int(j)] for j in sel]
             positions = self._env_pos[env_ids].tolist()
-            if is_reset:
-                for e, s in zip(env_ids, payload, strict=True):
-                    if s is not None:
-                        self._seeds[int(e)] = s
-                args: tuple[Any, ...] = (positions, list(payload), options)
-            else:
-                args = (positions, payload)
-            self._enqueue(Call(h, env_ids, positions, is_reset, 0.0, 0,
-                               "reset" if is_reset else "step", args))
+            for part_ids, part_pos, part in self._split(host, env_ids, positions, payload):
+                if is_reset:
+                    for e, s in zip(part_ids, part, strict=True):
+                        if s is not None:
+                            self._seeds[int(e)] = s
+                    args: tuple[Any, ...] = (part_pos, list(part), options)
+                else:
+                    args = (part_pos, part)
+                self._enqueue(Call(h, part_ids, part_pos, is_reset, 0.0, 0,
+                                   "reset" if is_reset else "step", args))
+
+    def _split(self, host: Any, env_ids: np.ndarray, positions: list[int],
+               payload: Any) -> list[tuple[np.ndarray, list[int], Any]]:
+        """One host's share of a send as one call per split of its envs (``splits_per_actor``).
+
+        Why: Sample Factory's double-buffered sampling. An actor answers its calls in
+        order, so while the driver handles one split's reply (copies its observations,
+        sends its next actions) the actor already steps the next split: the driver and
+        the actor each keep a core busy instead of taking turns. A split is a fixed
+        range of the actor's positions, so it stays one call however the caller
+        regroups its sends.
+        """
+        if self.splits_per_actor == 1:
+            return [(env_ids, positions, payload)]
+        size = -(-len(host.env_ids) // self.splits_per_actor)
+        parts = [p // size for p in positions]
+        cuts = [j for j in range(1, len(parts)) if parts[j] != parts[j - 1]]
+        if not cuts:
+            return [(env_ids, positions, payload)]
+        if all(parts[j] > parts[j - 1] for j in cuts):  # ascending: slices, no gather
+            bounds = [0, *cuts, len(parts)]
+            return [(env_ids[a:b], positions[a:b], payload[a:b])
+                    for a, b in zip(bounds, bounds[1:], strict=False)]
+        groups: dict[int, list[int]] = {}
+        for j, part in enumerate(parts):
+            groups.setdefault(part, []).append(j)
+        return [(env_ids[js], [positions[j] for j in js],
+                 payload[js] if isinstance(payload, np.ndarray) else [payload[j] for j in js])
+                for js in groups.values()]
 
     def _poll(self, *, every: bool, timeout: float | None,
               gather_s: float = 0.0) -> tuple[list[Any], set[Any]]:

@@ -41,11 +41,13 @@ def duration(name: str, value: Any, *, positive: bool = False) -> None:
 
 def options(*, envs_per_actor: Any, threads_per_actor: Any, max_restarts: Any,
             batch_wait_ms: Any, step_timeout_s: Any, restart_backoff_s: Any,
-            transport: Any, observation_mode: Any, spin_us: Any = 0.0) -> None:
+            transport: Any, observation_mode: Any, spin_us: Any = 0.0,
+            splits_per_actor: Any = 1) -> None:
     """The constructor's numeric and enum options (before any actor exists)."""
     if envs_per_actor is not None:
         positive_int("envs_per_actor", envs_per_actor)
     positive_int("threads_per_actor", threads_per_actor)
+    positive_int("splits_per_actor", splits_per_actor)
     if not isinstance(max_restarts, (int, np.integer)) or isinstance(max_restarts, bool) \
             or max_restarts < 0:
         raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")

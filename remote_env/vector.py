@@ -82,6 +82,13 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
             hundred µs spares each call a wake-up and cold caches (CartPole, 64 envs in
             two actors on 2 cores: see README "Benchmarks"), at the price of that CPU
             when the next call is late.
+        splits_per_actor: send each actor's envs as this many calls (Sample Factory's
+            ``worker_num_splits``): an actor steps one split while the driver handles
+            the reply of another, so with one actor per spare core the driver and the
+            actors keep their cores busy instead of taking turns (images, 16 envs in one
+            actor on 2 cores: see README "Benchmarks"). 1 (default): one call per actor.
+            Each split is a fixed range of an actor's envs; each call costs ~100 µs of
+            driver CPU, so splits of fewer than ~8 cheap envs cost more than they overlap.
         existing_actors: ``SubEnvHost`` actors (from :meth:`host_class`) or env
             actors to use as-is for the first envs; only the missing ones are created.
             Existing actors are not killed on :meth:`close`.
@@ -122,6 +129,7 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
         threads_per_actor: int = 1,
         transport: str = "auto",
         spin_us: float = 0.0,
+        splits_per_actor: int = 1,
         existing_actors: Sequence[Any] | None = None,
         on_sub_environment_created: Callable[[Any, int], None] | None = None,
         actor_options: Mapping[str, Any] | None = None,
@@ -145,7 +153,7 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
                        max_restarts=max_restarts, batch_wait_ms=batch_wait_ms,
                        step_timeout_s=step_timeout_s, restart_backoff_s=restart_backoff_s,
                        transport=transport, observation_mode=observation_mode,
-                       spin_us=spin_us)
+                       spin_us=spin_us, splits_per_actor=splits_per_actor)
         self.num_envs = len(env_fns)
         self.env_fns = env_fns
         self.batch_wait_ms = float(batch_wait_ms)
@@ -166,6 +174,7 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
         self._ray = ray_connect.connect(address)
         self.transport = transport
         self.spin_us = float(spin_us)
+        self.splits_per_actor = int(splits_per_actor)
         self._node_id = (
             self._ray.get_runtime_context().get_node_id() if transport != "ray" else None
         )

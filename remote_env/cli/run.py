@@ -51,6 +51,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--spin-us", type=float, default=0.0,
                    help="how long an actor on this node looks for the next call before it "
                    "sleeps; ~500 for cheap envs (see README) (default %(default)s)")
+    p.add_argument("--splits-per-actor", type=int, default=1,
+                   help="calls each actor's envs are sent as: the actor steps one split while "
+                   "the driver handles another; 2 with one actor per spare core (see README) "
+                   "(default %(default)s)")
     p.add_argument("--seconds", type=float, default=30.0, help="how long to run (Ctrl-C stops early)")
     p.add_argument("--seed", type=int, default=0, help="reset seed of env 0 (env i: seed+i)")
     p.add_argument("--num-cpus", type=int, default=2, help="CPUs of the embedded Ray")
@@ -76,7 +80,7 @@ def _default(field: str) -> object:
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse bad arguments before Ray starts, with the parser's usage message."""
-    for name in ("num_envs", "envs_per_actor", "threads_per_actor"):
+    for name in ("num_envs", "envs_per_actor", "threads_per_actor", "splits_per_actor"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if math.isnan(args.seconds) or args.seconds <= 0:  # inf: until Ctrl-C
@@ -161,6 +165,7 @@ def _open_envs(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
         threads_per_actor=args.threads_per_actor,
         transport=args.transport,
         spin_us=args.spin_us,
+        splits_per_actor=args.splits_per_actor,
         metrics=metrics,
     )
     cleanup.callback(envs.close)
@@ -191,7 +196,8 @@ def _open_pool(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
     print(f"pool {spec.name}: {spec.desired_envs} envs ready in "
           f"{time.monotonic() - t0:.1f}s", file=sys.stderr)
     # the trainer gets its own registry: the server already counts pool-side events
-    envs = attach(spec.name, metrics=PoolMetrics(pool=spec.name), spin_us=args.spin_us)
+    envs = attach(spec.name, metrics=PoolMetrics(pool=spec.name), spin_us=args.spin_us,
+                   splits_per_actor=args.splits_per_actor)
     cleanup.callback(envs.close)
     return envs
 

@@ -74,6 +74,8 @@ def test_bad_input_is_a_usage_error() -> None:
         (["--batch-wait-ms", "nan"], "--batch-wait-ms must be a finite number, got nan"),
         (["--spin-us", "-5"], "--spin-us must be >= 0, got -5.0"),
         (["--spin-us", "inf"], "--spin-us must be a finite number, got inf"),
+        (["--splits-per-actor", "0"], "--splits-per-actor must be >= 1, got 0"),
+        (["--splits-per-actor", "1.5"], "invalid int value: '1.5'"),
         (["--seconds", "nan"], "--seconds must be > 0, got nan"),
     ]:
         out = _run("run", *args, timeout=60)

@@ -34,6 +34,13 @@ def test_good_options_pass_and_step_timeout_must_be_positive() -> None:
         checks.options(**{**_OK, "step_timeout_s": 0})
 
 
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2", None])
+def test_splits_per_actor_must_be_a_positive_int(bad: Any) -> None:
+    with pytest.raises(ValueError, match="splits_per_actor must be an int >= 1") as err:
+        checks.options(**{**_OK, "splits_per_actor": bad})
+    assert repr(bad) in str(err.value)
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
 def test_max_restarts_must_be_a_non_negative_int(bad: Any) -> None:
     with pytest.raises(ValueError, match="max_restarts must be an int >= 0"):

@@ -8,6 +8,7 @@ within ``step_timeout_s + batch_wait_ms`` even while other envs keep answering.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import time
 from typing import Any
@@ -89,7 +90,7 @@ class CallLoop(FaultHandling):
         if all(parts[j] > parts[j - 1] for j in cuts):  # ascending: slices, no gather
             bounds = [0, *cuts, len(parts)]
             return [(env_ids[a:b], positions[a:b], payload[a:b])
-                    for a, b in zip(bounds, bounds[1:], strict=False)]
+                    for a, b in itertools.pairwise(bounds)]
         groups: dict[int, list[int]] = {}
         for j, part in enumerate(parts):
             groups.setdefault(part, []).append(j)

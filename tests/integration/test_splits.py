@@ -123,7 +123,7 @@ def test_an_env_raising_in_one_split_leaves_the_other_split_alone(tmp_path: Any)
         np.testing.assert_array_equal(envs.reset(seed=0)[0][:3], sync.reset(seed=0)[0])
         for step in range(1, 6):
             a = np.ones(4, dtype=np.int64)
-            obs, _, term, trunc, info = envs.step(a)
+            obs, _, _, trunc, info = envs.step(a)
             want = sync.step(a[:3])
             np.testing.assert_array_equal(obs[:3], want[0])  # env 3's split-mate too
             if step == 3:

@@ -23,7 +23,7 @@ def _split(loop: SimpleNamespace, host_size: int, ids: list[int], payload: objec
 def test_one_split_is_one_call_as_given() -> None:
     acts = np.arange(5)
     [(ids, pos, part)] = _split(_loop(1, list(range(5))), 5, [0, 1, 2, 3, 4], acts)
-    assert part is acts and pos == [0, 1, 2, 3, 4]
+    assert part is acts and pos == [0, 1, 2, 3, 4] and ids.tolist() == pos
 
 
 def test_ascending_ids_split_into_views_at_fixed_boundaries() -> None:

@@ -25,3 +25,12 @@ def test_ruff() -> None:
 
 def test_import_layers() -> None:
     _run(str(BIN / "lint-imports"))
+
+
+def test_test_module_names_are_unique() -> None:
+    # the test directories are not packages: pytest imports each module by its base
+    # name, so two test_x.py in different directories stop the whole run at collection
+    seen: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        other = seen.setdefault(path.name, path)
+        assert other == path, f"{path} and {other} share a base name: rename one"

@@ -171,6 +171,8 @@ def _open_envs(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
     cleanup.callback(envs.close)
     how = "awaiting astep" if envs.async_steps else (
         f"{args.threads_per_actor} threads each" if args.threads_per_actor > 1 else "")
+    if args.splits_per_actor > 1:
+        how = ", ".join(filter(None, (how, f"{args.splits_per_actor} splits each")))
     n = len(envs.actors)
     print(f"{envs.num_envs} x {args.entrypoint or args.env} in {n} actor{'s' * (n != 1)}"
           f"{f' ({how})' if how else ''} ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)

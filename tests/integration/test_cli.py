@@ -51,6 +51,15 @@ def test_run_awaits_async_envs_and_threads_blocking_ones() -> None:
     assert re.search(r"done: \d+ steps", out.stdout), out.stdout
 
 
+def test_run_sends_each_actors_envs_in_splits() -> None:
+    out = _run("run", "--env", "CartPole-v1", "--num-envs", "8", "--envs-per-actor", "8",
+               "--splits-per-actor", "2", "--spin-us", "500", "--seconds", "2")
+    assert out.returncode == 0, out.stderr
+    assert "8 x CartPole-v1 in 1 actor (2 splits each)" in out.stderr
+    m = re.search(r"done: (\d+) steps .* 0 failures", out.stdout)
+    assert m and int(m.group(1)) > 0, out.stdout
+
+
 def test_run_pool_file_runs_the_pool_server_and_a_trainer() -> None:
     out = _run("run", "-f", "manifests/examples/cartpole.yaml", "--seconds", "3")
     assert out.returncode == 0, out.stderr

@@ -59,14 +59,14 @@ def best_config(workload: str, num_envs: int, cpus: int) -> dict[str, Any]:
     fixed cost (~100 us of driver CPU, ~60 us in the actor on 2 cores) is then not
     paid again in a wake-up and cold caches. CartPole 64 in two actors of 32:
     108-115k steps/s sleeping at once, 136-145k with 500 us of spin (one actor of
-    64: 85-93k; one of 64 in two splits: 125-131k).
+    64: 85-93k; one of 64 in two splits: 124-133k).
 
     Images are the other way round: each step moves a 28 KB frame, so the driver's
     share of the work (copying frames out, ~90 us a call of 8) is as large as the
     actor's. The driver gets a core of its own and the actors the others, each in two
     splits (``splits_per_actor``) so that an actor steps one half of its envs while
     the driver handles the other half: image 16 on 2 cores, one actor of 16 in two
-    splits 63-72k steps/s, against 42-48k for two actors of 8 (one call each) that
+    splits 54-72k steps/s, against 42-48k for two actors of 8 (one call each) that
     take turns with the driver on two cores.
     """
     cheap = workload in ("cartpole", "image")

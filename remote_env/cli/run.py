@@ -52,9 +52,9 @@ def add_parser(sub: Any) -> None:
                    help="how long an actor on this node looks for the next call before it "
                    "sleeps; ~500 for cheap envs (see README) (default %(default)s)")
     p.add_argument("--splits-per-actor", type=int, default=1,
-                   help="calls each actor's envs are sent as: the actor steps one split while "
-                   "the driver handles another; 2 with one actor per spare core (see README) "
-                   "(default %(default)s)")
+                   help="send each actor's envs as this many calls, so the actor steps one "
+                   "split while the driver handles another; try 2 with one actor per spare "
+                   "core (see README) (default %(default)s)")
     p.add_argument("--seconds", type=float, default=30.0, help="how long to run (Ctrl-C stops early)")
     p.add_argument("--seed", type=int, default=0, help="reset seed of env 0 (env i: seed+i)")
     p.add_argument("--num-cpus", type=int, default=2, help="CPUs of the embedded Ray")

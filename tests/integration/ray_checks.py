@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import ray
 
 
@@ -39,3 +40,12 @@ def wait_for(pred: Callable[[], Any], timeout: float = 30.0, what: str = "condit
             return last
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
+
+
+def assert_same_step(got: Any, want: Any) -> None:
+    """One ``step`` result equal to a reference vector env's: arrays, info keys and masks."""
+    for g, w in zip(got[:4], want[:4], strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert got[4].keys() == want[4].keys()
+    for key in want[4]:
+        np.testing.assert_array_equal(got[4][key], want[4][key])

@@ -39,16 +39,40 @@ class LeaseError(RuntimeError):
 
 
 def pick(free: Sequence[SlotInfo], target: int) -> list[SlotInfo] | None:
-    """Actors whose envs add up to ``target``: largest first, then an exact fit."""
+    """Actors whose envs add up to exactly ``target``, or None when no subset does.
+
+    ``free`` is sorted largest first. Largest first is tried first (fewest actors,
+    and the only case while every actor has ``envsPerActor`` envs); when it misses,
+    an exact subset is searched over the distinct actor sizes, which a pool of
+    mixed sizes (after an ``envsPerActor`` change, or a short last actor) needs:
+    free actors of 6, 4 and 4 envs hold 8 as 4 + 4.
+    """
     chosen: list[SlotInfo] = []
     left = target
-    for s in free:  # sorted largest first
+    for s in free:
         if s.num_envs <= left:
             chosen.append(s)
             left -= s.num_envs
         if left == 0:
             return chosen
-    return None
+    by_size: dict[int, list[SlotInfo]] = {}
+    for s in free:
+        by_size.setdefault(s.num_envs, []).append(s)
+    # Bounded subset sum over the distinct sizes (few in practice): each reachable
+    # total keeps the first way found to make it, as {size: how many actors}.
+    reach: dict[int, dict[int, int]] = {0: {}}
+    for size, group in by_size.items():
+        for total, counts in list(reach.items()):
+            for k in range(1, len(group) + 1):
+                t = total + k * size
+                if t > target:
+                    break
+                reach.setdefault(t, {**counts, size: k})
+        if target in reach:
+            break
+    if target not in reach:
+        return None
+    return [s for size, k in reach[target].items() for s in by_size[size][:k]]
 
 
 def why_not(pool: str, slots: Mapping[int, SlotInfo], leased: Mapping[int, str],

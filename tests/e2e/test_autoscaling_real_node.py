@@ -90,8 +90,7 @@ def test_an_autoscaled_pool_keeps_a_buffer_on_real_pods(journey: Journey) -> Non
 
     # trainer A leases all 8: the buffer is empty until the operator resizes the pool
     j.kube.apply(j.trainer_job("trainer-a", 2_000, 8, 1, wait_s=120, hold_s=900))
-    j.kube.wait_until(lambda: _report(j).get("leasedEnvs") == 8, timeout=300, interval=0.5,
-                      what="trainer A's lease")
+    j.wait_leased("trainer-a", 8, timeout=300)
     t0 = time.monotonic()
     st = j.kube.wait_until(lambda: (s := _report(j)).get("freeEnvs", 0) >= 8 and s,
                            timeout=300, interval=0.5, what="the buffer refilled")
@@ -102,8 +101,7 @@ def test_an_autoscaled_pool_keeps_a_buffer_on_real_pods(journey: Journey) -> Non
     # second 16-env worker pod, which KubeRay starts on the real node
     # (B holds its lease for 120 s after stepping, so this is seen while it leases)
     j.kube.apply(j.trainer_job("trainer-b", 2_000, 8, 2, wait_s=0, hold_s=120))
-    j.kube.wait_until(lambda: _report(j).get("leasedEnvs") == 16, timeout=300, interval=0.5,
-                      what="trainer B's lease")
+    j.wait_leased("trainer-b", 16, timeout=300)
     j.kube.wait_until(lambda: j.epool()["spec"]["replicas"] == 24, timeout=60,
                       what="24 envs asked while B leases")
     j.kube.wait_until(lambda: _workers(j) == 2 and _running_workers(j) == 2, timeout=110,

@@ -58,7 +58,7 @@ STEP_TIMEOUT_S = 10
 TRAINER = r"""
 import json, os, sys, time
 import numpy as np
-from remote_env import RemoteVectorEnv
+from remote_env import RemoteVectorEnv, ray_connect
 
 steps_wanted = int(sys.argv[1])
 wait_s = float(sys.argv[4]) if len(sys.argv) > 4 else 120.0  # 0: free envs at once or fail
@@ -66,9 +66,11 @@ hold_s = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0  # keep the lease afte
 pool = os.environ.get("POOL", "cartpole")
 address = os.environ.get("POOL_ADDRESS", f"ray://{pool}-head-svc:10001")
 t0 = time.monotonic()
+# the Ray client connection first, with patience whatever wait_s is: wait_s=0 asks for
+# free envs at once, and a head busy starting this client's server is not "no envs"
+ray_connect.connect(address, default="auto", wait_s=max(wait_s, 120.0))
 envs = RemoteVectorEnv.from_pool(
-    pool, address=address, num_envs=int(sys.argv[2]),
-    wait_s=wait_s, trainer=os.environ.get("TRAINER", "trainer"))
+    pool, num_envs=int(sys.argv[2]), wait_s=wait_s, trainer=os.environ.get("TRAINER", "trainer"))
 attached = time.monotonic() - t0
 attached_at = time.time()
 slots = sorted(int(x) for x in envs.slots)
@@ -276,6 +278,36 @@ class Journey:
         self.kube.kubectl("exec", self.job_pod(name), "-n", self.ns, "--", "python", "-c",
                           "open('/tmp/stop', 'w').close()")
         return self.job_result(name, timeout=timeout, key="done")
+
+    def job_failed(self, name: str) -> bool:
+        job = self.kube.kubectl_json("get", "job", name, "-n", self.ns, check=False) or {}
+        conds = {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
+        return conds.get("Failed") == "True"
+
+    def wait_leased(self, name: str, leased: int, timeout: float) -> dict[str, Any]:
+        """Wait until the pool server reports ``leased`` envs leased (``status.pool``,
+        read through the API server) after trainer Job ``name`` attached; fail at once,
+        with what the trainer printed, if its Job failed."""
+        def seen() -> dict[str, Any] | None:
+            report = dict((self.epool().get("status") or {}).get("pool") or {})
+            if report.get("leasedEnvs") == leased:
+                return report
+            if self.job_failed(name):
+                pytest.fail(f"trainer {name} failed before its lease was seen:\n"
+                            f"{self.logs(name)[-4000:]}\n{self.diagnose()}\n{self.client_server_logs()}",
+                            pytrace=False)
+            return None
+
+        try:
+            return dict(self.kube.wait_until(seen, timeout=timeout, interval=0.5,
+                                             what=f"{leased} envs leased with trainer {name}"))
+        except pytest.fail.Exception as exc:
+            if "failed before its lease" in str(exc):
+                raise
+            pod = self.kube.kubectl("describe", "pods", "-n", self.ns, "-l", f"job-name={name}",
+                                    check=False).stdout
+            pytest.fail(f"{exc}\n{pod[-3000:]}\n{self.logs(name)[-3000:]}\n{self.diagnose()}",
+                        pytrace=False)
 
     def job_result(self, name: str, timeout: float, key: str = "steps") -> dict[str, Any]:
         def done() -> dict[str, Any] | None:

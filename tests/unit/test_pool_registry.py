@@ -68,6 +68,31 @@ def test_num_envs_must_be_a_sum_of_free_actor_sizes() -> None:
         reg.acquire("b", 4, ttl_s=0)
 
 
+@pytest.mark.parametrize(("sizes", "want", "slots"), [
+    ((6, 4, 4), 8, [1, 2]),          # largest first (6) leaves 2: no actor of 2
+    ((5, 3, 3, 2), 8, [0, 1]),       # largest first works: 5 + 3
+    ((7, 5, 3, 3), 6, [2, 3]),
+    ((8, 8, 3), 11, [0, 2]),
+    ((9, 6, 6, 6), 18, [1, 2, 3]),
+])
+def test_any_exact_sum_of_free_actors_is_leased(sizes: tuple[int, ...], want: int,
+                                                 slots: list[int]) -> None:
+    reg, _ = _registry(*sizes)
+    lease = reg.acquire("a", want, ttl_s=10)
+    assert [s.slot for s in lease["slots"]] == slots
+    assert sum(s.num_envs for s in lease["slots"]) == want
+
+
+def test_no_exact_sum_is_refused_with_the_free_sizes() -> None:
+    reg, _ = _registry(6, 4, 4)
+    for want in (2, 3, 5, 7, 9, 11, 13):
+        with pytest.raises(LeaseError, match=r"hold \[6, 4, 4\] envs: ask for a sum of those"):
+            reg.acquire("a", want, ttl_s=10)
+    with pytest.raises(LeaseError, match=r"cannot lease num_envs=15: 14 free \(14 ready\)$"):
+        reg.acquire("a", 15, ttl_s=10)
+    assert [s.slot for s in reg.acquire("a", 14, ttl_s=10)["slots"]] == [0, 1, 2]
+
+
 def test_only_ready_actors_are_leased() -> None:
     clock = Clock()
     reg = PoolRegistry("p", clock=clock)

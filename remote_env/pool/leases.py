@@ -58,16 +58,18 @@ def pick(free: Sequence[SlotInfo], target: int) -> list[SlotInfo] | None:
     by_size: dict[int, list[SlotInfo]] = {}
     for s in free:
         by_size.setdefault(s.num_envs, []).append(s)
-    # Bounded subset sum over the distinct sizes (few in practice): each reachable
-    # total keeps the first way found to make it, as {size: how many actors}.
+    # Bounded subset sum over the distinct sizes (few in practice), O(target) each:
+    # reach[t] is one way to make t as {size: how many actors}; used[t] how many of
+    # the current size that way took, so no size is used more often than it is free.
     reach: dict[int, dict[int, int]] = {0: {}}
     for size, group in by_size.items():
-        for total, counts in list(reach.items()):
-            for k in range(1, len(group) + 1):
-                t = total + k * size
-                if t > target:
-                    break
-                reach.setdefault(t, {**counts, size: k})
+        used: dict[int, int] = {}
+        for t in range(size, target + 1):
+            prev = reach.get(t - size)
+            if t in reach or prev is None or used.get(t - size, 0) >= len(group):
+                continue
+            reach[t] = {**prev, size: prev.get(size, 0) + 1}
+            used[t] = used.get(t - size, 0) + 1
         if target in reach:
             break
     if target not in reach:

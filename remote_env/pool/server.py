@@ -269,10 +269,7 @@ class PoolServer:
             # A (re)started server learns the leases before it first supervises or
             # publishes: with none known, every adopted actor looked free, to scale-down
             # and in /status (seen: readyEnvs 16, leasedEnvs 0 after a restart).
-            first = ray.get(self._registry_actor.server_sync.remote(None, None, 0.0))
-            self._requests = [*self._requests, *first["requests"]]
-            self._leased = dict(first["leased_slots"])
-            self._leases = list(first["leases"])
+            self._take_sync(ray.get(self._registry_actor.server_sync.remote(None, None, 0.0)))
         now = time.monotonic()
         self._apply_pending_spec()
         requests, self._requests = self._requests, []
@@ -291,13 +288,18 @@ class PoolServer:
             self._published_generation = sync["generation"]
         elif sync["generation"] != self._published_generation:
             self.actors.dirty = True  # the registry restarted and lost the layout: republish
-        self._requests = list(sync["requests"])
-        self._leased = dict(sync["leased_slots"])
-        self._leases = list(sync["leases"])
+        self._take_sync(sync)
         self._last_tick = time.monotonic()
         self._update_snapshot(self._last_tick)
         if self._reporter is not None:
             self._reporter(self.pool_report())
+
+    def _take_sync(self, sync: dict[str, Any]) -> None:
+        """What the registry answered: trainers' replacement requests (queued for the
+        next pass) and the leases."""
+        self._requests = [*self._requests, *sync["requests"]]
+        self._leased = dict(sync["leased_slots"])
+        self._leases = list(sync["leases"])
 
     def pool_report(self) -> dict[str, Any]:
         """``status.pool`` of the EnvPool (see :func:`remote_env.pool.status.pool_report`)."""

@@ -12,7 +12,19 @@ from typing import Any
 
 import numpy as np
 
+from remote_env import channel
 from remote_env.calls import CallLoop
+
+
+def _as_raised(exc: channel.RemoteCallError, method: str, name: str) -> BaseException:
+    """The env's own exception, as SyncVectorEnv and AsyncVectorEnv raise it (and Ray
+    does, as an instance of its cause), with the actor's traceback as a note."""
+    cause = exc.cause
+    if cause is None:
+        return exc
+    cause.add_note(f"raised in a sub-environment's actor by {method}({name!r}); "
+                   f"its traceback there:\n{exc.remote_traceback}")
+    return cause
 
 
 class EnvAttributes(CallLoop):
@@ -51,7 +63,18 @@ class EnvAttributes(CallLoop):
         for h in self._hosts:
             args = [r(h) if callable(r) else r for r in rest]
             refs.append(self._host_call(h, method, list(range(len(h.env_ids))), name, *args))
-        return [self._get(ref) for ref in refs]
+        # Every host's answer is taken before one's error is raised, so no reply is
+        # left behind for a later call (nor an error Ray would log as unhandled).
+        out, failed = [], []
+        for ref in refs:
+            try:
+                out.append(self._get(ref))
+            except Exception as exc:  # the env's (or Ray's RayTaskError, an instance of it)
+                failed.append(exc)
+        if failed:
+            first = failed[0]
+            raise _as_raised(first, method, name) if isinstance(first, channel.RemoteCallError) else first
+        return out
 
     @property
     def np_random_seed(self) -> tuple[int, ...]:

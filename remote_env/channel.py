@@ -58,14 +58,41 @@ class ChannelClosedError(ConnectionError):
 
 
 class RemoteCallError(Exception):
-    """The host raised while serving a call (outside the per-env fault handling)."""
+    """The host raised while serving a call (outside the per-env fault handling).
 
-    def __init__(self, message: str, remote_traceback: str) -> None:
+    Carries the original exception, pickled apart (:attr:`cause` unpickles it), so a
+    caller that re-raises it (``call``/``get_attr``/``set_attr``, as gymnasium's
+    vector envs do) gives the env's own type, as ``transport="ray"`` does; one that
+    cannot be unpickled here leaves only the message and traceback text.
+    """
+
+    def __init__(self, message: str, remote_traceback: str, cause_pickle: bytes = b"") -> None:
         super().__init__(message)
         self.remote_traceback = remote_traceback
+        self.cause_pickle = cause_pickle
 
     def __reduce__(self) -> Any:
-        return RemoteCallError, (str(self), self.remote_traceback)
+        return RemoteCallError, (str(self), self.remote_traceback, self.cause_pickle)
+
+    @classmethod
+    def of(cls, exc: BaseException) -> RemoteCallError:
+        """The error to send for ``exc``, being handled now (its traceback is taken)."""
+        try:
+            blob = wire.dumps(exc)
+        except Exception:  # an exception holding a socket, a lock...: text only
+            blob = b""
+        return cls(f"{type(exc).__name__}: {exc}", traceback.format_exc(), blob)
+
+    @property
+    def cause(self) -> BaseException | None:
+        """The exception the host raised, or None when it cannot be rebuilt here."""
+        if not self.cause_pickle:
+            return None
+        try:
+            exc = pickle.loads(self.cause_pickle)
+        except Exception:  # its class is not importable here, or its __init__ differs
+            return None
+        return exc if isinstance(exc, BaseException) else None
 
 
 class ResultDecodeError(Exception):
@@ -159,8 +186,7 @@ class ChannelServer:
             return wire.step_reply(self._handler(wire.step_message(op, body)))
         except Exception as exc:  # decoding the call, the handler or the reply failed
             return wire.ERR, pickle.dumps(
-                exc if isinstance(exc, _PASS_THROUGH) else
-                RemoteCallError(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+                exc if isinstance(exc, _PASS_THROUGH) else RemoteCallError.of(exc))
 
     def close(self) -> None:
         self._closed = True

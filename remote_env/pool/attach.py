@@ -233,8 +233,11 @@ def attach(
         namespace: Ray namespace of the pool (default ``envpool-<name>``).
         lease_timeout_s: the lease expires this long after the last heartbeat (a
             dead trainer's envs return to the pool after it).
-        wait_s: wait up to this long for the pool to exist and for enough free envs
-            (others' leases ending, the pool starting); 0 fails at once.
+        wait_s: wait up to this long for the Ray cluster to answer, the pool to exist
+            and enough free envs (others' leases ending, the pool starting); 0 fails
+            at once. To ask for free envs at once but give the connection time (a
+            Ray client's head starts a server per client), connect first:
+            ``remote_env.ray_connect.connect(address, default="auto", wait_s=60)``.
         replace_timeout_s: how long a step waits for the pool server to replace a
             failed actor before raising.
         trainer: a name for this trainer in the pool's ``/status`` (default host:pid).

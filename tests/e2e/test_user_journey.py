@@ -269,6 +269,9 @@ class Journey:
             logs = self.logs(name)
             if (end := last_json(logs, "done")) is not None:
                 pytest.fail(f"trainer {name} ended early: {end}\n{logs[-3000:]}", pytrace=False)
+            if self.job_failed(name):
+                pytest.fail(f"trainer {name} failed before stepping:\n{logs[-3000:]}\n"
+                            f"{self.diagnose()}", pytrace=False)
             return steps if (steps := self.progress(name)) > more_than else None
 
         return int(self.kube.wait_until(stepping, timeout=timeout, interval=1,

@@ -53,6 +53,54 @@ def test_attributes_go_through_wrappers_as_in_sync(transport: str) -> None:
         sync.close()
 
 
+def _raising() -> Any:
+    """An env whose ``explode(kind)`` raises; defined here so Ray ships it by value."""
+
+    class Unpicklable(Exception):
+        def __init__(self, a: int, b: int) -> None:  # pickle calls it with one arg: fails
+            super().__init__(f"{a}/{b}")
+
+    class Raising(gym.Wrapper[Any, Any, Any, Any]):
+        def __init__(self) -> None:
+            super().__init__(gym.make("CartPole-v1"))
+
+        def explode(self, kind: str) -> None:
+            if kind == "key":
+                raise KeyError("no such level")
+            if kind == "reset":
+                raise gym.error.ResetNeeded("reset first")
+            raise Unpicklable(1, 2)
+
+    return Raising
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_attribute_errors_are_the_envs_own_exceptions_as_in_sync(transport: str) -> None:
+    sync = SyncVectorEnv([_raising()] * 3)
+    remote = RemoteVectorEnv([_raising()] * 3, envs_per_actor=2, transport=transport)
+    try:
+        for env in (sync, remote):
+            with pytest.raises(AttributeError, match="has no attribute 'no_such_attr'"):
+                env.get_attr("no_such_attr")
+            with pytest.raises(AttributeError, match="has no attribute 'no_such_method'"):
+                env.call("no_such_method", 1)
+            with pytest.raises(KeyError, match="no such level"):
+                env.call("explode", "key")
+            with pytest.raises(gym.error.ResetNeeded, match="reset first"):
+                env.call("explode", "reset")
+        # an exception that cannot be rebuilt here still says what and where
+        with pytest.raises(Exception, match=r"Unpicklable: 1/2") as info:
+            remote.call("explode", "other")
+        assert "explode" in str(getattr(info.value, "remote_traceback", info.value))
+        # nothing left behind: the next calls and steps are answered as Sync's
+        assert remote.get_attr("gravity") == sync.get_attr("gravity")
+        assert_tree_equal(remote.reset(seed=3), sync.reset(seed=3))
+        assert_tree_equal(remote.step(np.array([1, 0, 1])), sync.step(np.array([1, 0, 1])))
+    finally:
+        remote.close()
+        sync.close()
+
+
 def _boxes(lows: list[float]) -> list[Any]:
     class Shifted(gym.ObservationWrapper[Any, Any, Any]):
         def __init__(self, low: float) -> None:

@@ -296,6 +296,14 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
         return {"running": self.num_envs - restarting - failed, "restarting": restarting,
                 "failed": failed}
 
+    def __enter__(self) -> RemoteVectorEnv:
+        """``with RemoteVectorEnv(...) as envs:`` closes the envs (and the actors this
+        vector env created) on the way out, as ``with gym.make(...)`` does for one env."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()  # an exception inside the block propagates
+
     def __repr__(self) -> str:
         return (f"RemoteVectorEnv(num_envs={self.num_envs}, actors={len(self._hosts)}, "
                 f"envs_per_actor={self.envs_per_actor})")

@@ -101,6 +101,22 @@ def test_attribute_errors_are_the_envs_own_exceptions_as_in_sync(transport: str)
         sync.close()
 
 
+def test_a_with_block_closes_the_envs_and_their_actors() -> None:
+    from ray_checks import alive_actor_ids, wait_for
+
+    before = alive_actor_ids()
+    with RemoteVectorEnv([cartpole()] * 2, envs_per_actor=1) as envs:
+        assert len(alive_actor_ids() - before) == 2
+        envs.reset(seed=0)
+        assert envs.step(np.array([0, 1]))[1].tolist() == [1.0, 1.0]
+    assert envs.closed
+    # the block's end kills what it created, as close() does
+    wait_for(lambda: alive_actor_ids() <= before, what="no actors left after the with block")
+    with pytest.raises(KeyError), RemoteVectorEnv([cartpole()], envs_per_actor=1) as envs:
+        raise KeyError("the block's error propagates")
+    assert envs.closed
+
+
 def _boxes(lows: list[float]) -> list[Any]:
     class Shifted(gym.ObservationWrapper[Any, Any, Any]):
         def __init__(self, low: float) -> None:

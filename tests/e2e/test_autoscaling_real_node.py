@@ -68,11 +68,10 @@ def _workers(j: Journey) -> int:
 
 
 def _report(j: Journey) -> dict[str, Any]:
-    """What the pool server last reported into the EnvPool (``status.pool``), as
-    ``kubectl get epool`` shows it. Read through the API server: polling the pool
-    server's /status by ``kubectl exec`` started a python in its container twice a
+    """The pool server's report in the EnvPool, read through the API server: polling the
+    pool server's /status by ``kubectl exec`` started a python in its container twice a
     second, the one process that an OOM kill in that container once hit in CI."""
-    return dict((j.epool().get("status") or {}).get("pool") or {})
+    return j.pool_report()
 
 
 def _running_workers(j: Journey) -> int:

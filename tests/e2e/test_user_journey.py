@@ -282,45 +282,49 @@ class Journey:
                           "open('/tmp/stop', 'w').close()")
         return self.job_result(name, timeout=timeout, key="done")
 
-    def job_failed(self, name: str) -> bool:
+    def job_conditions(self, name: str) -> dict[str, str]:
+        """The Job's conditions as {type: status} ({} while it has none, or is gone)."""
         job = self.kube.kubectl_json("get", "job", name, "-n", self.ns, check=False) or {}
-        conds = {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
-        return conds.get("Failed") == "True"
+        return {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
+
+    def job_failed(self, name: str) -> bool:
+        return self.job_conditions(name).get("Failed") == "True"
+
+    def pool_report(self) -> dict[str, Any]:
+        """What the pool server last reported into the EnvPool (``status.pool``), as
+        ``kubectl get epool`` shows it, read through the API server."""
+        return dict((self.epool().get("status") or {}).get("pool") or {})
 
     def wait_leased(self, name: str, leased: int, timeout: float) -> dict[str, Any]:
-        """Wait until the pool server reports ``leased`` envs leased (``status.pool``,
-        read through the API server) after trainer Job ``name`` attached; fail at once,
-        with what the trainer printed, if its Job failed."""
-        def seen() -> dict[str, Any] | None:
-            report = dict((self.epool().get("status") or {}).get("pool") or {})
+        """Wait until the pool server reports ``leased`` envs leased after trainer Job
+        ``name`` attached; fail at once, with what the trainer printed, if its Job failed."""
+        def seen() -> tuple[dict[str, Any], bool] | None:
+            report = self.pool_report()
             if report.get("leasedEnvs") == leased:
-                return report
-            if self.job_failed(name):
-                pytest.fail(f"trainer {name} failed before its lease was seen:\n"
-                            f"{self.logs(name)[-4000:]}\n{self.diagnose()}\n{self.client_server_logs()}",
-                            pytrace=False)
-            return None
+                return report, False
+            return (report, True) if self.job_failed(name) else None
 
         try:
-            return dict(self.kube.wait_until(seen, timeout=timeout, interval=0.5,
-                                             what=f"{leased} envs leased with trainer {name}"))
+            report, failed = self.kube.wait_until(seen, timeout=timeout, interval=0.5,
+                                                  what=f"{leased} envs leased with trainer {name}")
         except pytest.fail.Exception as exc:
-            if "failed before its lease" in str(exc):
-                raise
             pod = self.kube.kubectl("describe", "pods", "-n", self.ns, "-l", f"job-name={name}",
                                     check=False).stdout
             pytest.fail(f"{exc}\n{pod[-3000:]}\n{self.logs(name)[-3000:]}\n{self.diagnose()}",
                         pytrace=False)
+        if failed:
+            pytest.fail(f"trainer {name} failed before its lease was seen:\n"
+                        f"{self.logs(name)[-4000:]}\n{self.diagnose()}\n{self.client_server_logs()}",
+                        pytrace=False)
+        return report
 
     def job_result(self, name: str, timeout: float, key: str = "steps") -> dict[str, Any]:
-        def done() -> dict[str, Any] | None:
-            job = self.kube.kubectl_json("get", "job", name, "-n", self.ns)
-            conds = {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
-            return job if conds.get("Complete") == "True" or conds.get("Failed") == "True" else None
+        def done() -> dict[str, str] | None:
+            conds = self.job_conditions(name)
+            return conds if conds.get("Complete") == "True" or conds.get("Failed") == "True" else None
 
-        job = self.kube.wait_until(done, timeout=timeout, interval=1, what=f"trainer Job {name}")
+        conds = self.kube.wait_until(done, timeout=timeout, interval=1, what=f"trainer Job {name}")
         logs = self.kube.kubectl("logs", f"job/{name}", "-n", self.ns, check=False).stdout
-        conds = {c["type"]: c["status"] for c in job["status"].get("conditions", [])}
         assert conds.get("Complete") == "True", f"trainer {name} failed:\n{logs[-4000:]}\n{self.client_server_logs()}"
         result = last_json(logs, key)
         assert result is not None, logs[-4000:]

@@ -8,9 +8,8 @@ registry's records (unit-tested with them).
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
 
 from remote_env.pool.slot import SlotInfo
 
@@ -26,91 +25,6 @@ class Lease:
     expires: float
     acquired: float
     epoch: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Book:
-    """What the registry must not forget across its own restart: the leases, the epoch
-    each slot was last granted at (the actors' fences) and the last epoch handed out."""
-
-    leases: tuple[Lease, ...] = ()
-    slot_epoch: Mapping[int, int] = dataclasses.field(default_factory=dict)
-    last_epoch: int = 0
-
-
-def dump(leases: Iterable[Lease], slot_epoch: Mapping[int, int], last_epoch: int) -> str:
-    """The :class:`Book` as a JSON document (what a :class:`LeaseStore` keeps)."""
-    return json.dumps({
-        "leases": [{"lease_id": x.lease_id, "trainer": x.trainer, "slots": list(x.slots),
-                    "ttl_s": x.ttl_s, "epoch": x.epoch} for x in leases],
-        "slot_epoch": {str(s): e for s, e in slot_epoch.items()},
-        "last_epoch": last_epoch,
-    })
-
-
-def load(doc: str | None, now: float) -> Book:
-    """A :class:`Book` from :func:`dump`'s document. Each lease gets a full ttl from
-    ``now``: when it was last renewed is not kept (a renewal writes nothing), so its
-    holder gets the benefit of the doubt."""
-    if not doc:
-        return Book()
-    raw = json.loads(doc)
-    leases = tuple(Lease(x["lease_id"], x["trainer"], [int(s) for s in x["slots"]],
-                         float(x["ttl_s"]), now + float(x["ttl_s"]), now, int(x["epoch"]))
-                   for x in raw.get("leases", []))
-    return Book(leases, {int(s): int(e) for s, e in raw.get("slot_epoch", {}).items()},
-                int(raw.get("last_epoch", 0)))
-
-
-class LeaseStore(Protocol):
-    """Where the registry keeps its :class:`Book` so that a restart of it loses no lease."""
-
-    def load(self) -> str | None: ...
-
-    def save(self, doc: str) -> None: ...
-
-
-class MemoryStore:
-    """A :class:`LeaseStore` that lives as long as the registry (in-process tests)."""
-
-    def __init__(self) -> None:
-        self.doc: str | None = None
-
-    def load(self) -> str | None:
-        return self.doc
-
-    def save(self, doc: str) -> None:
-        self.doc = doc
-
-
-#: Ray KV namespace of the registries' lease books (the key is the pool's Ray namespace).
-KV_NAMESPACE: Final = "envpool-leases"
-
-
-@dataclasses.dataclass(frozen=True)
-class RayKVStore:
-    """A :class:`LeaseStore` in Ray's GCS key-value store: it outlives the registry
-    actor (a crash, ``ray.kill(no_restart=False)``), like the pool's detached actors,
-    and, with GCS fault tolerance, the head. Ray Serve's controller keeps its
-    checkpoints the same way."""
-
-    key: str
-
-    def load(self) -> str | None:
-        from ray.experimental import internal_kv
-
-        raw = internal_kv._internal_kv_get(self.key, namespace=KV_NAMESPACE)
-        return None if raw is None else raw.decode()
-
-    def save(self, doc: str) -> None:
-        from ray.experimental import internal_kv
-
-        internal_kv._internal_kv_put(self.key, doc, overwrite=True, namespace=KV_NAMESPACE)
-
-    def clear(self) -> None:
-        from ray.experimental import internal_kv
-
-        internal_kv._internal_kv_del(self.key, namespace=KV_NAMESPACE)
 
 
 #: ``fencer(slots, epoch)``: raise the fence of the slots' actors to ``epoch``.

@@ -26,11 +26,10 @@ a trainer that resumes after its lease went to someone else gets
 Only the holder (who knows the lease id, shown nowhere else) can release a lease
 or ask for its actors to be replaced.
 
-The leases survive a restart of the registry itself (Ray restarts it empty): they
-are written to a :class:`~remote_env.pool.leases.LeaseStore` (Ray's GCS key-value
-store) before any caller hears of a change, and read back when it starts. The
-layout is not kept: the pool server republishes it (it owns it), and until then
-nothing can be granted.
+The leases and the published layout survive a restart of the registry itself
+(Ray restarts it empty): they are written to a
+:class:`~remote_env.pool.registry_store.RegistryStore` (Ray's GCS key-value store)
+before any caller hears of a change, and read back when it starts.
 
 A plain class (threaded Ray actor: the long-polls block a thread each), so it is
 unit-tested in-process with a fake clock.
@@ -47,6 +46,7 @@ from typing import Any, Final
 
 from remote_env import errors
 from remote_env.pool import leases as leases_mod
+from remote_env.pool import registry_store
 from remote_env.pool.leases import LeaseError
 from remote_env.pool.slot import SlotInfo
 
@@ -64,7 +64,7 @@ class PoolRegistry:
                  fencer: leases_mod.Fencer | None = None,
                  epoch_clock: Callable[[], int] = time.time_ns,
                  ray_namespace: str | None = None,
-                 store: leases_mod.LeaseStore | None = None) -> None:
+                 store: registry_store.RegistryStore | None = None) -> None:
         self._pool = pool
         self._clock = clock
         self._fencer = fencer if fencer is not None else functools.partial(
@@ -73,18 +73,19 @@ class PoolRegistry:
         # The leases are this actor's to keep, across its own restart too (Ray restarts
         # it empty): a trainer stepping through the restart must keep its envs, and a
         # second trainer attaching meanwhile must not be granted them.
-        self._store = store if store is not None else leases_mod.MemoryStore()
-        book = leases_mod.load(self._store.load(), clock())
+        self._store = store if store is not None else registry_store.MemoryStore()
+        book = registry_store.load_book(self._store.load(registry_store.LEASES), clock())
         self._last_epoch = book.last_epoch
         # the epoch each slot was last granted at
         self._slot_epoch: dict[int, int] = dict(book.slot_epoch)
         self._cond = threading.Condition()
-        self._slots: dict[int, SlotInfo] = {}
-        self._pool_info: dict[str, Any] = {}
+        layout = registry_store.load_layout(self._store.load(registry_store.LAYOUT))
+        self._slots: dict[int, SlotInfo] = {s.slot: s for s in layout.slots}
+        self._pool_info: dict[str, Any] = dict(layout.pool_info)
         self._leases: dict[str, leases_mod.Lease] = {x.lease_id: x for x in book.leases}
         self._requests: dict[int, tuple[str, str]] = {}  # slot -> (actor_id, reason)
         self._server_seen: float | None = None
-        self._generation = 0  # bumped on every layout change
+        self._generation = layout.generation  # bumped on every layout change; 0: none yet
         self._lease_version = 0  # bumped when leases change: wakes the pool server's sync
 
     # ------------------------------------------------------------ pool server
@@ -101,15 +102,14 @@ class PoolRegistry:
         """
         with self._cond:
             self._server_seen = self._clock()
+            if pool_info is not None:
+                self._pool_info = dict(pool_info)
             if slots is not None:
                 self._slots = {s.slot: s for s in slots}
-                self._generation += 1
                 for slot in list(self._requests):
                     if slot not in self._slots:
                         del self._requests[slot]
-                self._cond.notify_all()
-            if pool_info is not None:
-                self._pool_info = dict(pool_info)
+                self._layout_changed()
             version = self._lease_version
             if not self._requests and timeout > 0:
                 self._cond.wait_for(
@@ -134,8 +134,7 @@ class PoolRegistry:
             leased = self._leased_slots()
             out = [s for s in slots if s not in leased]
             if [s for s in out if self._slots.pop(s, None) is not None]:
-                self._generation += 1
-                self._cond.notify_all()
+                self._layout_changed()
             return out
 
     def layout(self) -> dict[str, Any]:
@@ -316,10 +315,18 @@ class PoolRegistry:
                 f"pool {self._pool!r}: slot {slot} is not held by this trainer's lease (it "
                 "expired or was released); attach again")
 
+    def _layout_changed(self) -> None:
+        """Kept (the store) before any caller hears of the change; wakes the waiters."""
+        self._generation += 1
+        self._store.save(registry_store.LAYOUT, registry_store.dump_layout(
+            sorted(self._slots.values(), key=lambda s: s.slot), self._pool_info,
+            self._generation))
+        self._cond.notify_all()
+
     def _leases_changed(self) -> None:
         """Kept (the store) before any caller hears of the change; wakes the server's sync."""
-        self._store.save(leases_mod.dump(self._leases.values(), self._slot_epoch,
-                                         self._last_epoch))
+        self._store.save(registry_store.LEASES, registry_store.dump_book(
+            self._leases.values(), self._slot_epoch, self._last_epoch))
         self._lease_version += 1
         self._cond.notify_all()
 

@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry
 
 from remote_env import spec as spec_mod
 from remote_env.metrics import PoolMetrics
-from remote_env.pool import actors, http_server, launch, leases, slot
+from remote_env.pool import actors, http_server, launch, registry_store, slot
 from remote_env.pool import registry as registry_mod
 from remote_env.pool import status as status_mod
 
@@ -156,11 +156,10 @@ class PoolServer:
             # it is bookkeeping only.
             num_cpus=0,
             resources={launch.HEAD_RESOURCE: 0.001},
-            # a crashed registry comes back with its leases (the store) but no layout;
-            # the pool server republishes that
+            # a crashed registry comes back with its leases and layout (the store)
             max_restarts=-1,
         ).remote(self.spec.name, ray_namespace=self.ray_namespace,
-                 store=leases.RayKVStore(self.ray_namespace))
+                 store=registry_store.RayKVStore(self.ray_namespace))
         layout = ray.get(self._registry_actor.layout.remote())
         self.actors.adopt(layout, time.monotonic())
         if self._http_port >= 0:
@@ -215,7 +214,7 @@ class PoolServer:
             self.actors.kill_all()
             if self._registry_actor is not None:
                 slot.kill(self._registry_actor)
-                leases.RayKVStore(self.ray_namespace).clear()  # the pool is gone
+                registry_store.RayKVStore(self.ray_namespace).clear()  # the pool is gone
 
     def __enter__(self) -> PoolServer:
         self.start_background()

@@ -828,15 +828,18 @@ def test_a_lease_granted_since_the_last_supervisor_pass_survives_a_scale_down(
         _destroy(server)
 
 
+@pytest.mark.parametrize("registry_too", [False, True], ids=["server", "server-and-registry"])
 def test_pool_server_killed_during_a_slots_restart_backoff_keeps_the_slot(
-        cluster: Cluster, tmp_path: Path) -> None:
+        cluster: Cluster, tmp_path: Path, registry_too: bool) -> None:
     """A leased slot's actor dies; the pool server puts the slot in a long restart
-    backoff and is SIGKILLed there. The restarted server rebuilds the slot from the
+    backoff and is SIGKILLed there (and the registry actor is killed too, as when
+    the head pod restarts). The restarted server rebuilds the slot from the
     registry (restarts and all) and restarts it: the trainer's envs come back."""
     import yaml
 
     counter = tmp_path / "constructed"
-    doc = _spec("backoff", counter, replicas=4, per_actor=2)
+    name = "backoff-reg" if registry_too else "backoff"
+    doc = _spec(name, counter, replicas=4, per_actor=2)
     doc["spec"]["faultTolerance"]["restartBackoffSeconds"] = 120
     config = tmp_path / "pool.yaml"
     config.write_text(yaml.safe_dump(doc))
@@ -856,7 +859,7 @@ def test_pool_server_killed_during_a_slots_restart_backoff_keeps_the_slot(
         first = wait_for(lambda: (s := status()) and s["readyEnvs"] == 4
                          and s["actors"] == s["readyActors"] and s, 90,
                          f"pool server ready (log: {log})")
-        envs = attach("backoff", trainer="survivor", num_envs=4)
+        envs = attach(name, trainer="survivor", num_envs=4)
         assert envs.slots == [0, 1]
         envs.reset(seed=1)
         envs.step(np.zeros(4, dtype=np.int64))
@@ -874,6 +877,19 @@ def test_pool_server_killed_during_a_slots_restart_backoff_keeps_the_slot(
 
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
+        if registry_too:
+            reg = pool_registry.get_registry(spec.ray_namespace(name))
+            pid = ray.get(reg.__ray_call__.remote(lambda self: os.getpid()))
+            ray.kill(reg, no_restart=False)
+
+            def restarted() -> bool:
+                try:
+                    return bool(ray.get(reg.__ray_call__.remote(lambda self: os.getpid()),
+                                        timeout=5) != pid)
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    return False
+
+            wait_for(restarted, 30, "registry restarted")
         proc = _start_serve(config, cluster.address, port, log)
         # the trainer's step waits for the replacement of slot 0's actor
         t0 = time.monotonic()

@@ -222,7 +222,7 @@ def test_env_resource_required_places_by_it_without_asking_ray() -> None:
 def test_leases_survive_a_restart_of_the_registry() -> None:
     """Ray restarts a crashed registry empty; its store gives the leases back, so a
     second trainer is not granted the envs of a live one that has not renewed yet."""
-    from remote_env.pool.leases import MemoryStore
+    from remote_env.pool.registry_store import MemoryStore
 
     store, clock, fences = MemoryStore(), Clock(), Fences()
     reg = PoolRegistry("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
@@ -231,10 +231,11 @@ def test_leases_survive_a_restart_of_the_registry() -> None:
 
     clock.t += 25  # a's lease has 5 s left; the restart gives it a full ttl again
     again = PoolRegistry("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
-    with pytest.raises(LeaseError, match="no envs yet"):
-        again.acquire("b", 2, ttl_s=30)  # no layout yet: nothing to grant
-    again.server_sync(_slots(2, 2), {"signature": "s"}, timeout=0)  # the server republishes
+    # the layout is kept too: what a restarted pool server adopts, what B is granted from
+    layout = again.layout()
+    assert layout["slots"] == _slots(2, 2) and layout["pool_info"] == {"signature": "s"}
     b = again.acquire("b", 2, ttl_s=30)
+    assert b["pool_info"] == {"signature": "s"}
     assert {s.slot for s in b["slots"]}.isdisjoint(s.slot for s in a["slots"])
     assert b["epoch"] > a["epoch"]  # epochs count on from the store
     with pytest.raises(LeaseError, match=r"0 free \(4 leased\)"):
@@ -245,9 +246,23 @@ def test_leases_survive_a_restart_of_the_registry() -> None:
     clock.t += 29  # a full ttl from the restart: still a's
     assert again.layout()["leased_slots"][slot_a] == a["lease_id"][:8]
     assert again.release(a["lease_id"])
-    # a release is kept too
+    # a release is kept too, and so is a withdrawal (scale-down)
+    assert again.withdraw([0, 1]) == [slot_a]
     third = PoolRegistry("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
     assert sorted(lease["trainer"] for lease in third.layout()["leases"]) == ["b"]
+    assert [s.slot for s in third.layout()["slots"]] == [1 - slot_a]
+
+
+def test_a_registry_without_a_store_record_starts_empty() -> None:
+    from remote_env.pool import registry_store
+
+    assert registry_store.load_book(None, 0.0) == registry_store.Book()
+    assert registry_store.load_layout(None) == registry_store.Layout()
+    # a record written by an older SlotInfo (fewer fields) or a newer one (more) loads
+    doc = registry_store.dump_layout(_slots(2), {"document": {"a": 1}}, 3)
+    doc = doc.replace('"streak": 0', '"streak": 0, "from_the_future": 1')
+    assert registry_store.load_layout(doc) == registry_store.Layout(
+        tuple(_slots(2)), {"document": {"a": 1}}, 3)
 
 
 def test_an_acquire_asked_again_with_its_lease_id_is_the_same_lease() -> None:

@@ -70,9 +70,9 @@ class PoolRegistry:
         self._fencer = fencer if fencer is not None else functools.partial(
             leases_mod.ray_fencer, namespace=ray_namespace)
         self._epoch_clock = epoch_clock
-        # The leases are this actor's to keep, across its own restart too (Ray restarts
-        # it empty): a trainer stepping through the restart must keep its envs, and a
-        # second trainer attaching meanwhile must not be granted them.
+        # The leases (and the published layout) are kept across this actor's own
+        # restart (Ray restarts it empty): a trainer stepping through the restart must
+        # keep its envs, and a second trainer attaching meanwhile must not get them.
         self._store = store if store is not None else registry_store.MemoryStore()
         book = registry_store.load_book(self._store.load(registry_store.LEASES), clock())
         self._last_epoch = book.last_epoch

@@ -14,10 +14,11 @@ in-process for ``envpool run``) and:
   exponential backoff and at most ``maxRestarts`` consecutive failures; trainers
   report the failures they see and wait for the replacement (one owner of restarts);
 * scales to ``spec.replicas`` without touching surviving actors: new actors are
-  added, and scaling down removes free (un-leased) actors only, asking the registry
-  at the moment of removal (:meth:`~remote_env.pool.registry.PoolRegistry.withdraw`), newest first (a
+  added, and scaling down removes free (un-leased) actors only, newest first (a
   free actor is cut to a smaller one only when no whole actor fits the excess);
-  leased envs above the new size go when their lease ends;
+  the registry is asked at the moment of removal
+  (:meth:`~remote_env.pool.registry.PoolRegistry.withdraw`), so an actor leased
+  since the last pass stays; leased envs above the new size go when their lease ends;
 * serves ``/metrics``, ``/healthz`` and ``/status`` (JSON) over HTTP and, in-cluster,
   patches its EnvPool's ``status.pool`` (:mod:`remote_env.pool.kube_report`).
 

@@ -157,6 +157,7 @@ class ActorSet(launch.Launcher):
             self.slots[s.slot] = s
             if prev.state == "failed":
                 s.state = "failed"  # out of restarts: a new spec is the user's retry
+                self.last_error = s.last_error
             elif prev.state == "backoff":
                 s.state, s.retry_at, s.after_failure = "backoff", now, True
             else:

@@ -778,6 +778,16 @@ def test_hanging_env_constructors_are_failed_after_their_restarts(cluster: Clust
         # the hung actors were killed, not left behind
         wait_for(lambda: _named_actors(server.ray_namespace) == ["envpool-registry"], 30,
                  "hung actors killed")
+
+        # a restarted pool server keeps them failed (with restarts and reason), rather
+        # than taking slots without actors for new ones to start from scratch
+        server.close()
+        server = _server(doc)
+        wait_for(lambda: server.healthy(), 30, "restarted server ticking")
+        st = server.status()
+        assert (st["failedEnvs"], st["restarts"], st["actors"]) == (2, 2, 2), st
+        assert "start timed out" in st["lastError"], st["lastError"]
+        assert _named_actors(server.ray_namespace) == ["envpool-registry"], "nothing relaunched"
     finally:
         _destroy(server)
 

@@ -977,3 +977,41 @@ def test_a_restarted_registry_keeps_a_live_trainers_envs_from_another(
         assert constructions(str(counter)) == 4
     finally:
         _destroy(server)
+
+
+def test_an_actor_that_died_while_no_pool_server_ran_is_restarted_in_its_slot(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """The registry shows slot 0 ready, but its actor died while the pool server was
+    down: the next pool server restarts it in slot 0 (a failure, counted) instead of
+    dropping the slot, and the trainer leasing it gets its envs back."""
+    counter = tmp_path / "constructed"
+    doc = _spec("unseen", counter, replicas=4, per_actor=2)
+    server = _server(doc)
+    envs = None
+    try:
+        first = server.wait_ready(60)
+        envs = attach("unseen", num_envs=4, trainer="t")
+        envs.reset(seed=0)
+        server.close()  # no pool server from here ...
+        ray.kill(envs.actors[0], no_restart=True)
+        wait_for(lambda: len(_named_actors(server.ray_namespace)) == 2, 30, "actor gone")
+        server = _server(doc)  # ... until this one
+        st = server.wait_ready(60)
+        assert [s["slot"] for s in st["slots"]] == [0, 1]
+        assert st["slots"][0]["actorId"] != first["slots"][0]["actorId"]
+        assert st["slots"][1]["actorId"] == first["slots"][1]["actorId"]
+        assert st["restarts"] == 1 and "gone when the pool server restarted" in st["lastError"]
+        assert st["leasedEnvs"] == 4
+        errored = np.zeros(4, dtype=bool)
+        deadline = time.monotonic() + 60
+        while not errored[:2].all():
+            assert time.monotonic() < deadline, errored
+            info = envs.step(np.zeros(4, dtype=np.int64))[4]
+            errored |= info.get("_error", np.zeros(4, dtype=bool))
+        envs.step(np.zeros(4, dtype=np.int64))
+        assert list(envs.restart_counts) == [1, 1, 0, 0] and not errored[2:].any()
+        assert constructions(str(counter)) == 6
+    finally:
+        if envs is not None:
+            envs.close()
+        _destroy(server)

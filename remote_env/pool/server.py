@@ -269,13 +269,12 @@ class PoolServer:
     # ------------------------------------------------------------ supervision
     def tick(self) -> None:
         """One supervision pass, then publish and wait up to a health interval."""
-        import ray
 
         if self._last_tick is None:
             # A (re)started server learns the leases before it first supervises or
             # publishes: with none known, every adopted actor looked free, to scale-down
             # and in /status (seen: readyEnvs 16, leasedEnvs 0 after a restart).
-            self._take_sync(ray.get(self._registry_actor.server_sync.remote(None, None, 0.0)))
+            self._take_sync(self._registry_call("server_sync", None, None, 0.0))
         now = time.monotonic()
         self._apply_pending_spec()
         requests, self._requests = self._requests, []
@@ -287,8 +286,7 @@ class PoolServer:
         dirty = self.actors.dirty
         layout = self.actors.layout() if dirty else None
         pool_info = self._pool_info() if dirty else None
-        sync = ray.get(self._registry_actor.server_sync.remote(
-            layout, pool_info, self.health_interval_s))
+        sync = self._registry_call("server_sync", layout, pool_info, self.health_interval_s)
         if layout is not None:
             self.actors.dirty = False
             self._published_generation = sync["generation"]
@@ -309,9 +307,19 @@ class PoolServer:
 
     def _withdraw(self, slots: list[int]) -> list[int]:
         """The registry's word, at the moment of removal, on which slots are free."""
+        return list(self._registry_call("withdraw", slots))
+
+    def _registry_call(self, method: str, *args: Any) -> Any:
+        """A registry call (each one idempotent), asked again once when Ray says the
+        registry restarted since our last call: Ray fails the first call after a
+        restart even once the registry is back (with its layout and leases), and a
+        failed tick would show that transient as the pool's lastError."""
         import ray
 
-        return list(ray.get(self._registry_actor.withdraw.remote(slots)))
+        try:
+            return ray.get(getattr(self._registry_actor, method).remote(*args))
+        except ray.exceptions.ActorUnavailableError:
+            return ray.get(getattr(self._registry_actor, method).remote(*args))
 
     def pool_report(self) -> dict[str, Any]:
         """``status.pool`` of the EnvPool (see :func:`remote_env.pool.status.pool_report`)."""

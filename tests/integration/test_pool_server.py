@@ -972,6 +972,8 @@ def test_a_restarted_registry_keeps_a_live_trainers_envs_from_another(
         assert not a.lease_lost and not b.lease_lost
         layout = ray.get(reg.layout.remote())
         assert sorted(lease["trainer"] for lease in layout["leases"]) == ["A", "B"]
+        # the pool server rode the restart out: no failed tick to show as lastError
+        assert server.status()["lastError"] == "", server.status()["lastError"]
         a.close()
         b.close()
         assert constructions(str(counter)) == 4

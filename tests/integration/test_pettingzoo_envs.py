@@ -66,7 +66,7 @@ def test_aec_env_is_converted_and_steps_as_the_parallel_env(ray_local: Any) -> N
 
 def test_aec_env_that_is_not_parallelizable_is_refused_clearly(ray_local: Any) -> None:
     fn = functools.partial(examples.rps_aec_env, 3, parallelizable=False)
-    with pytest.raises(errors.SubEnvironmentError, match="AEC env.*is_parallelizable"):
+    with pytest.raises(errors.SubEnvironmentError, match=r"AEC env.*is_parallelizable"):
         RemoteVectorEnv([fn] * 2, envs_per_actor=2)
 
 

@@ -5,9 +5,10 @@ infos in ``reset_infos``), ``step`` returns ``dones`` and a list of per-env info
 and a finished env is reset in the same step with its last observation in
 ``info["terminal_observation"]``, as ``DummyVecEnv`` does. This adapter gives that
 API in every gymnasium autoreset mode of the vector env: SAME_STEP already resets in
-the step (``final_obs``/``final_info``); NEXT_STEP and DISABLED reset the finished
-envs at once with one reset of just those envs (``reset_mask``), as DummyVecEnv's
-``env.reset()``.
+the step (``final_obs``/``final_info``); with NEXT_STEP one more step of just the
+finished envs is their reset (``env.reset()`` in their actors, as DummyVecEnv's);
+DISABLED resets them with ``reset(options={"reset_mask": ...})``, whose envs get
+``options={}`` as in gymnasium's ``SyncVectorEnv``.
 
 Stable-Baselines3 is not a dependency of the library: install the ``frameworks``
 extra (``pip install 'envpool-k8s[frameworks]'``).
@@ -97,7 +98,25 @@ class SB3VecEnv(VecEnv):  # type: ignore[misc,unused-ignore]  # Any without SB3
         return obs
 
     def step_async(self, actions: np.ndarray) -> None:
+        self._actions = actions
         self.venv.step_async(actions)
+
+    def _next_step_reset(self, obs: Any, done_ids: list[int]) -> Any:
+        """NEXT_STEP: one more step of the finished envs is their reset (in their
+        actors, ``env.reset()`` without options, as DummyVecEnv); the actions, the
+        ones they just took, are not used. Their new observations go into ``obs``."""
+        ids = np.asarray(done_ids)
+        self.venv.send(np.asarray(self._actions)[ids], ids)
+        left = set(done_ids)
+        while left:
+            got, _, _, _, infos = self.venv.recv()
+            got_ids = infos["env_id"].tolist()
+            for j, (e, info) in enumerate(
+                    zip(got_ids, unbatch_infos(infos, len(got_ids)), strict=True)):
+                _set_row(self.observation_space, obs, e, _row(self.observation_space, got, j))
+                self.reset_infos[e] = info
+                left.discard(e)
+        return obs
 
     def step_wait(self) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]:
         obs, rewards, terms, truncs, infos = self.venv.step_wait()
@@ -113,15 +132,18 @@ class SB3VecEnv(VecEnv):  # type: ignore[misc,unused-ignore]  # Any without SB3
                 info.pop("_final_info", None)
                 self.reset_infos[i] = info
                 per_env[i] = {**step_info, "terminal_observation": last}
-        elif done_ids:  # NEXT_STEP, DISABLED: reset the finished envs now, as DummyVecEnv
+        elif done_ids:  # reset the finished envs now, as DummyVecEnv does
             for i in done_ids:
                 per_env[i]["terminal_observation"] = _row(self.observation_space, obs, i)
-            mask = np.zeros(self.num_envs, dtype=np.bool_)
-            mask[done_ids] = True
-            obs, reset_infos = self.venv.reset(options={"reset_mask": mask})
-            reset_per_env = unbatch_infos(reset_infos, self.num_envs)
-            for i in done_ids:
-                self.reset_infos[i] = reset_per_env[i]
+            if self.venv.autoreset_mode is AutoresetMode.NEXT_STEP:
+                obs = self._next_step_reset(obs, done_ids)
+            else:  # DISABLED: a reset of just these envs
+                mask = np.zeros(self.num_envs, dtype=np.bool_)
+                mask[done_ids] = True
+                obs, reset_infos = self.venv.reset(options={"reset_mask": mask})
+                reset_per_env = unbatch_infos(reset_infos, self.num_envs)
+                for i in done_ids:
+                    self.reset_infos[i] = reset_per_env[i]
         for i, info in enumerate(per_env):
             info["TimeLimit.truncated"] = bool(truncs[i] and not terms[i])
         return obs, np.asarray(rewards, dtype=np.float32), dones, per_env
@@ -162,6 +184,17 @@ def _row(space: gym.spaces.Space[Any], batched: Any, i: int) -> Any:
     if isinstance(space, gym.spaces.Tuple):
         return tuple(_row(s, b, i) for s, b in zip(space.spaces, batched, strict=True))
     return np.copy(batched[i])
+
+
+def _set_row(space: gym.spaces.Space[Any], batched: Any, i: int, value: Any) -> None:
+    if isinstance(space, gym.spaces.Dict):
+        for k, s in space.spaces.items():
+            _set_row(s, batched[k], i, value[k])
+    elif isinstance(space, gym.spaces.Tuple):
+        for s, b, v in zip(space.spaces, batched, value, strict=True):
+            _set_row(s, b, i, v)
+    else:
+        batched[i] = value
 
 
 def unbatch_infos(infos: dict[str, Any], n: int) -> list[dict[str, Any]]:

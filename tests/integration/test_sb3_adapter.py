@@ -36,6 +36,16 @@ def _cartpole(max_steps: int) -> gym.Env[Any, Any]:
         gym.make("CartPole-v1", max_episode_steps=max_steps))
 
 
+def _dict_cartpole(max_steps: int) -> gym.Env[Any, Any]:
+    """The same with a Dict observation space (SB3's MultiInputPolicy case)."""
+    env = _cartpole(max_steps)
+    box = env.observation_space
+    space = gym.spaces.Dict({"pos": gym.spaces.Box(box.low[:2], box.high[:2]),
+                             "vel": gym.spaces.Box(box.low[2:], box.high[2:])})
+    return gym.wrappers.TransformObservation(
+        env, lambda o: {"pos": o[:2], "vel": o[2:]}, space)
+
+
 def _drop_times(info: dict[str, Any]) -> dict[str, Any]:
     """An info without the episode's wall time (it differs run to run)."""
     out = dict(info)
@@ -48,24 +58,39 @@ def _assert_same_info(got: dict[str, Any], want: dict[str, Any], where: Any) -> 
     got, want = _drop_times(got), _drop_times(want)
     assert set(got) == set(want), (where, got, want)
     for k in want:
-        if k == "terminal_observation":
+        if k == "terminal_observation" and isinstance(want[k], dict):
+            assert set(got[k]) == set(want[k]), where
+            for part in want[k]:
+                np.testing.assert_array_equal(got[k][part], want[k][part], err_msg=str(where))
+        elif k == "terminal_observation":
             np.testing.assert_array_equal(got[k], want[k], err_msg=str(where))
         else:
             assert got[k] == want[k], (where, k, got[k], want[k])
 
 
+def _same_obs(got: Any, want: Any, where: Any) -> None:
+    if isinstance(want, dict):
+        assert list(got) == list(want), where
+        for k in want:
+            _same_obs(got[k], want[k], where)
+        return
+    np.testing.assert_array_equal(got, want, err_msg=str(where))
+    assert got.dtype == want.dtype, where
+
+
+@pytest.mark.parametrize("make", [_cartpole, _dict_cartpole], ids=["box", "dict"])
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP,
                                   AutoresetMode.DISABLED])
-def test_adapter_equals_dummy_vec_env_step_for_step(mode: AutoresetMode) -> None:
+def test_adapter_equals_dummy_vec_env_step_for_step(mode: AutoresetMode, make: Any) -> None:
     n, steps = 6, 120
-    fns = [functools.partial(_cartpole, 9 + 3 * i) for i in range(n)]
+    fns = [functools.partial(make, 9 + 3 * i) for i in range(n)]
     dummy = DummyVecEnv(list(fns))
     remote = SB3VecEnv(RemoteVectorEnv(fns, envs_per_actor=3, autoreset_mode=mode))
     try:
         assert remote.observation_space == dummy.observation_space
         assert remote.action_space == dummy.action_space
         assert remote.seed(7) == dummy.seed(7)
-        np.testing.assert_array_equal(remote.reset(), dummy.reset())
+        _same_obs(remote.reset(), dummy.reset(), "reset")
         assert remote.reset_infos == dummy.reset_infos
         rng = np.random.default_rng(0)
         ends = 0
@@ -73,8 +98,8 @@ def test_adapter_equals_dummy_vec_env_step_for_step(mode: AutoresetMode) -> None
             actions = rng.integers(0, 2, size=n)
             o1, r1, d1, i1 = remote.step(actions)
             o2, r2, d2, i2 = dummy.step(actions)
-            np.testing.assert_array_equal(o1, o2, err_msg=f"step {t}")
-            assert o1.dtype == o2.dtype and r1.dtype == r2.dtype and d1.dtype == d2.dtype
+            _same_obs(o1, o2, f"step {t}")
+            assert r1.dtype == r2.dtype and d1.dtype == d2.dtype
             np.testing.assert_array_equal(r1, r2)
             np.testing.assert_array_equal(d1, d2)
             for e in range(n):

@@ -176,7 +176,7 @@ def reset_mask(mask: Any, n: int) -> np.ndarray:
     return mask
 
 
-def multi_agent_actions(actions: Any, n: int) -> list[Any]:
+def multi_agent_actions(actions: Any, n: int, ids: np.ndarray | None = None) -> list[Any]:
     # a dict keyed by env id (as action_space.sample() gives) or a list in send order
     if not isinstance(actions, (Mapping, list, tuple)):
         raise TypeError(
@@ -184,6 +184,17 @@ def multi_agent_actions(actions: Any, n: int) -> list[Any]:
             f"action dicts, got {type(actions).__name__}"
         )
     acts = list(actions.values()) if isinstance(actions, Mapping) else list(actions)
+    if isinstance(actions, Mapping) and ids is not None and len(actions) == n:
+        # by key, not by the dict's order: env 10's action must not go to env 2
+        keys = ids.tolist()
+        if not all(k in actions for k in keys):
+            keys = [str(k) for k in keys]  # str env ids, as action spaces had them before
+        if all(k in actions for k in keys):
+            acts = [actions[k] for k in keys]
+        else:
+            raise ValueError(
+                f"multi-agent actions keyed by {sorted(actions, key=str)!r} do not name the "
+                f"env ids stepped, {ids.tolist()}")
     if len(acts) != n:
         raise ValueError(
             f"expected actions for {n} envs (a dict keyed by env id or a list of "

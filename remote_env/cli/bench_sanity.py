@@ -46,9 +46,10 @@ def disturbed(samples: Mapping[str, Sequence[float]],
         limit = statistics.median(lim)
         above = {i: statistics.median(f) for i, f in samples.items() if i != "limit" and f
                  and statistics.median(f) > limit}
-        for impl, sps in sorted(above.items(), key=lambda kv: -kv[1]):
-            why.setdefault("limit", []).append(
-                f"{limit:,.0f} is below {impl}'s {sps:,.0f}, which it bounds")
+        if above:
+            who = " and ".join(f"{i}'s {sps:,.0f}"
+                               for i, sps in sorted(above.items(), key=lambda kv: -kv[1]))
+            why.setdefault("limit", []).append(f"{limit:,.0f} is below {who}, which it bounds")
     return {impl: "; ".join(reasons) for impl, reasons in why.items()}
 
 

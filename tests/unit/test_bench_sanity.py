@@ -1,0 +1,49 @@
+"""The bench's sanity line and leftover check, on figures and process tables given to them."""
+
+from __future__ import annotations
+
+from remote_env.cli import bench_quiet, bench_sanity
+
+YARDSTICKS = ("gymnasium_sync", "gymnasium_async", "rllib_remote_base_env", "limit")
+
+
+def test_issue_35_figures_are_disturbed_not_ratios() -> None:
+    # the run from the issue: Sync 135,512 alone in rep 1, 77,605 beside RLlib's actors;
+    # the limit 79,804 below remote_env's 112,019
+    samples = {"remote_env": [112_019.0], "gymnasium_sync": [135_512.0, 77_605.0],
+               "limit": [79_804.0]}
+    bad = bench_sanity.disturbed(samples, {}, YARDSTICKS)
+    assert bad["limit"] == ("79,804 is below remote_env's 112,019 and gymnasium_sync's "
+                            "106,558, which it bounds")
+    assert bad["gymnasium_sync"] == "reps differ by 1.75x (135,512 / 77,605; more than 1.5x)"
+    res = {"remote_env": 112_019.0, "gymnasium_sync": 106_558.5, "limit": 79_804.0}
+    assert bench_sanity.ratio(res, bad, "remote_env", "limit") is None
+    assert bench_sanity.ratio(res, bad, "remote_env", "gymnasium_sync") is None
+
+
+def test_a_clean_run_is_not_disturbed_and_remote_env_spread_is_its_own() -> None:
+    samples = {"remote_env": [42_851.0, 68_440.0, 66_163.0], "gymnasium_sync": [81_254.0, 84_000.0],
+               "limit": [156_474.0, 150_000.0]}
+    assert bench_sanity.disturbed(samples, {"limit": [{}, {}]}, YARDSTICKS) == {}
+    res = {"remote_env": 66_163.0, "limit": 153_237.0}
+    assert bench_sanity.ratio(res, {}, "remote_env", "limit") == 66_163.0 / 153_237.0
+
+
+def test_leftovers_beside_a_run_disturb_it() -> None:
+    bad = bench_sanity.disturbed({"gymnasium_sync": [1.0, 1.0]},
+                                 {"gymnasium_sync": [{}, {"ray::_RemoteSingleAgentEnv": 56}]},
+                                 YARDSTICKS)
+    assert bad == {"gymnasium_sync": "rep 2 ran beside the bench's own "
+                                     "ray::_RemoteSingleAgentEnv x 56"}
+
+
+def test_leftovers_are_new_processes_that_do_work() -> None:
+    baseline = {10, 11}
+    now = {10: "raylet", 12: "ray::IDLE", 13: "ray::DashboardAgent --x",
+           14: "/usr/bin/python3 -c from multiprocessing.resource_tracker import main;main(7)",
+           15: "ray::_RemoteSingleAgentEnv.step", 16: "ray::_RemoteSingleAgentEnv",
+           17: "/usr/bin/python3 -m remote_env.cli bench"}
+    left = bench_quiet.leftovers(baseline, now)
+    assert set(left) == {15, 16, 17}
+    assert bench_quiet.by_title(left) == {"ray::_RemoteSingleAgentEnv": 2,
+                                          "/usr/bin/python3 -m remote_env.cli bench": 1}

@@ -7,8 +7,10 @@ over Ray calls only: the older data paths), ``gymnasium_sync``,
 ``sleep1ms`` also ``remote_env_async``: the same wait awaited (the env's ``astep``)
 instead of blocking a thread, which only remote_env can use. ``limit`` is the
 machine's, measured in the same rotation (:mod:`remote_env.cli.bench_limit`). They
-run alternately for ``--reps`` rounds of ``--seconds`` each; the median steps/s and
-µs of CPU per env-step are reported, with ratios to each peer and to the limit.
+run alternately for ``--reps`` rounds of ``--seconds`` each, each alone: the earlier
+runs' processes gone first (:mod:`remote_env.cli.bench_quiet`). The median steps/s and
+µs of CPU per env-step are reported, with ratios to each peer and to the limit except
+where a figure is a disturbed measurement (:mod:`remote_env.cli.bench_sanity`).
 Progress and an estimate of the time left go to stderr.
 """
 

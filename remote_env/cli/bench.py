@@ -81,8 +81,10 @@ class Progress:
             if around.waited_s >= 0.5 else ""
         left = ", ".join(f"{k} x {v}" for k, v in around.leftover.items())
         left = f"STILL RUNNING BESIDE IT: {left}; " if left else ""
+        top = ", ".join(f"{k} {v:.1f}" for k, v in around.busiest.items())
         self._say(f"{self._tag} rep {rep}/{reps} {impl} ... ({waited}{left}machine busy "
-                  f"{around.busy_cores:.1f} cores before it; {self._eta()} left)")
+                  f"{around.busy_cores:.1f} cores before it{': ' + top if top else ''}; "
+                  f"{self._eta()} left)")
 
     def done(self, impl: str, rep: int, reps: int, sps: float, cpu_us: float | None,
              took: float) -> None:
@@ -236,10 +238,16 @@ def _beside_line(beside: dict[str, list[dict[str, Any]]]) -> str:
         return "beside: not recorded"
     left = sum(bool(b["leftover"]) for b in runs)
     busy = [b["busy_cores"] for b in runs]
+    top: dict[str, float] = {}
+    for b in runs:
+        for name, cores in b.get("busiest", {}).items():
+            top[name] = max(top.get(name, 0.0), cores)
+    who = ", ".join(f"{k} up to {v:.1f}" for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:5])
     return (f"beside: {'nothing' if not left else f'{left} of {len(runs)} runs had something'}"
             f" of the bench's own still running (waited up to "
             f"{max(b['waited_s'] for b in runs):.1f} s for a run's processes to exit); the "
-            f"machine's other load just before each run: {min(busy):.1f}-{max(busy):.1f} cores")
+            f"machine's other load just before each run: {min(busy):.1f}-{max(busy):.1f} cores"
+            + (f" ({who})" if who else ""))
 
 
 def _fmt(x: float | None, how: str = ",.0f") -> str:

@@ -42,6 +42,8 @@ class Beside(NamedTuple):
     #: cores busy while the bench idled just before the run: other users' work and
     #: Ray's daemons
     busy_cores: float
+    #: the busiest of those processes then, cores by process name
+    busiest: dict[str, float]
 
 
 def roots(gcs_address: str | None = None) -> list[psutil.Process]:
@@ -121,5 +123,25 @@ class Quiet:
             time.sleep(0.1)
             left = leftovers(self._baseline, processes(self._roots))
         waited = time.monotonic() - t0
+        everyone = list(psutil.process_iter(["name"]))
+        for p in everyone:
+            _cores(p)  # the first call starts each process's count
         busy = psutil.cpu_percent(interval=PROBE_S) / 100 * (psutil.cpu_count() or 1)
-        return Beside(waited, by_title(left), busy)
+        return Beside(waited, by_title(left), busy,
+                      busiest([(p.info["name"], _cores(p)) for p in everyone]))
+
+
+def _cores(p: psutil.Process) -> float:
+    try:
+        return float(p.cpu_percent(None)) / 100
+    except psutil.Error:  # gone meanwhile
+        return 0.0
+
+
+def busiest(named: list[tuple[str, float]], k: int = 3, least: float = 0.05) -> dict[str, float]:
+    """The ``k`` process names using the most cores (summed by name), from ``least`` up."""
+    total: dict[str, float] = collections.defaultdict(float)
+    for name, cores in named:
+        total[name] += cores
+    top = sorted(total.items(), key=lambda kv: -kv[1])[:k]
+    return {name: round(cores, 2) for name, cores in top if cores >= least}

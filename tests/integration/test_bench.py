@@ -101,7 +101,7 @@ def test_default_set_measures_each_implementation_alone() -> None:
     # the default set, in its order: RLlib's teardown right before Sync and the limit
     report = bench.bench("cartpole", 8, 1.0, 1, list(bench.IMPLS), cpus=2)
     after = _sync_alone()
-    runs = {i: r for i, r in report["beside"].items()}
+    runs: dict[str, list[dict[str, Any]]] = report["beside"]
     # checked, not assumed: nothing of the bench's own ran beside any run, RLlib's
     # actors included (the bench waited for them when they were slow to go)
     assert set(runs) == set(bench.IMPLS) - {"remote_env_async"}, report["config"]["skipped"]

@@ -47,3 +47,10 @@ def test_leftovers_are_new_processes_that_do_work() -> None:
     assert set(left) == {15, 16, 17}
     assert bench_quiet.by_title(left) == {"ray::_RemoteSingleAgentEnv": 2,
                                           "/usr/bin/python3 -m remote_env.cli bench": 1}
+
+
+def test_busiest_sums_cores_by_name() -> None:
+    named = [("go", 0.5), ("python", 0.3), ("python", 0.4), ("raylet", 0.01), ("cc", 0.2),
+             ("sh", 0.1)]
+    assert bench_quiet.busiest(named) == {"python": 0.7, "go": 0.5, "cc": 0.2}
+    assert bench_quiet.busiest([("raylet", 0.01)]) == {}

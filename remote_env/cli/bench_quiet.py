@@ -29,6 +29,10 @@ import psutil
 TIMEOUT_S = 120.0
 #: the machine's load is sampled over this window just before a run, the bench idle
 PROBE_S = 0.2
+#: between two looks at the bench's processes
+POLL_S = 0.1
+#: a process using more of a core than this between two looks is working
+WORKING = 0.2
 
 
 class Beside(NamedTuple):
@@ -57,21 +61,33 @@ def roots(gcs_address: str | None = None) -> list[psutil.Process]:
                    if p.pid != me.pid and flag in _title(p).split()]
 
 
-def processes(tops: list[psutil.Process]) -> dict[int, str]:
-    """pid -> title of the bench's own processes: the descendants of :func:`roots`.
+class Proc(NamedTuple):
+    title: str
+    #: user + system CPU seconds so far
+    cpu_s: float
+
+
+def processes(tops: list[psutil.Process]) -> dict[int, Proc]:
+    """pid -> title and CPU of the bench's own processes: the descendants of :func:`roots`.
 
     Other people's Ray clusters on the machine are left out: their load shows in
     :attr:`Beside.busy_cores`.
     """
-    found: dict[int, str] = {}
+    found: dict[int, Proc] = {}
     for top in tops:
         try:
             kids = top.children(recursive=True)
         except psutil.Error:  # a raylet that has gone
             continue
         for p in kids:
-            found[p.pid] = _title(p)
-    return {pid: title for pid, title in found.items() if title}
+            try:
+                cpu = p.cpu_times()
+            except psutil.Error:
+                continue
+            title = _title(p)
+            if title:
+                found[p.pid] = Proc(title, cpu.user + cpu.system)
+    return found
 
 
 def _title(p: psutil.Process) -> str:
@@ -92,9 +108,19 @@ def at_rest(title: str) -> bool:
     return "multiprocessing.resource_tracker" in title
 
 
-def leftovers(baseline: Collection[int], now: Mapping[int, str]) -> dict[int, str]:
-    """The processes in ``now`` that were not there at ``baseline`` and are not at rest."""
-    return {pid: t for pid, t in now.items() if pid not in baseline and not at_rest(t)}
+def working(before: Mapping[int, Proc], now: Mapping[int, Proc], interval_s: float) -> set[int]:
+    """The processes that used more than :data:`WORKING` of a core between two looks."""
+    return {pid for pid, p in now.items()
+            if pid in before and p.cpu_s - before[pid].cpu_s > WORKING * interval_s}
+
+
+def leftovers(baseline: Collection[int], now: Mapping[int, str],
+              busy: Collection[int] = ()) -> dict[int, str]:
+    """The processes in ``now`` that were not there at ``baseline`` and are not at rest,
+    and Ray's idle workers while they work: a new one boots (imports Ray, ~1 s of CPU)."""
+    return {pid: t for pid, t in now.items()
+            if (pid not in baseline and not at_rest(t))
+            or (pid in busy and t.startswith("ray::IDLE"))}
 
 
 def by_title(procs: Mapping[int, str]) -> dict[str, int]:
@@ -118,10 +144,15 @@ class Quiet:
 
     def wait(self) -> Beside:
         t0 = time.monotonic()
-        left = leftovers(self._baseline, processes(self._roots))
-        while left and time.monotonic() - t0 < self._timeout_s:
-            time.sleep(0.1)
-            left = leftovers(self._baseline, processes(self._roots))
+        before = processes(self._roots)
+        while True:
+            time.sleep(POLL_S)  # two looks: what works shows in its CPU between them
+            now = processes(self._roots)
+            left = leftovers(self._baseline, {pid: p.title for pid, p in now.items()},
+                             working(before, now, POLL_S))
+            if not left or time.monotonic() - t0 >= self._timeout_s:
+                break
+            before = now
         waited = time.monotonic() - t0
         everyone = list(psutil.process_iter(["name"]))
         for p in everyone:

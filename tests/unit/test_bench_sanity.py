@@ -54,3 +54,12 @@ def test_busiest_sums_cores_by_name() -> None:
              ("sh", 0.1)]
     assert bench_quiet.busiest(named) == {"python": 0.7, "go": 0.5, "cc": 0.2}
     assert bench_quiet.busiest([("raylet", 0.01)]) == {}
+
+
+def test_an_idle_ray_worker_that_works_is_a_leftover() -> None:
+    before = {12: bench_quiet.Proc("ray::IDLE", 0.50), 13: bench_quiet.Proc("ray::IDLE", 2.0)}
+    now = {12: bench_quiet.Proc("ray::IDLE", 0.58), 13: bench_quiet.Proc("ray::IDLE", 2.01)}
+    busy = bench_quiet.working(before, now, 0.1)
+    assert busy == {12}  # 80 ms of CPU in 100 ms: booting; 13 idles
+    titles = {pid: p.title for pid, p in now.items()}
+    assert bench_quiet.leftovers({12, 13}, titles, busy) == {12: "ray::IDLE"}

@@ -92,9 +92,10 @@ def processes(tops: list[psutil.Process]) -> dict[int, Proc]:
 
 def _title(p: psutil.Process) -> str:
     # Ray names its workers with setproctitle ("ray::IDLE", "ray::Class.method"), which
-    # rewrites argv: the title is the command line
+    # rewrites argv and pads it with spaces: the title is the command line, squeezed.
+    # An exiting process has none left: its name then (15 characters of the title)
     try:
-        return " ".join(p.cmdline()) or p.name()
+        return " ".join(" ".join(p.cmdline()).split()) or p.name()
     except psutil.Error:  # exited meanwhile, or not ours to read
         return ""
 

@@ -35,7 +35,7 @@ from remote_env.cli.bench_runners import run_gymnasium, run_remote_env
 
 WORKLOADS = bench_runners.WORKLOADS
 #: ``limit`` is the machine's (see :mod:`remote_env.cli.bench_limit`), run alongside.
-#: The yardsticks Sync and the limit come right after RLlib's 64-actor teardown (odd
+#: The yardsticks Sync and the limit come right after RLlib's teardown of an actor per env (odd
 #: reps; even reps run in reverse), where anything it left running would show most.
 IMPLS = ("remote_env", "remote_env_async", "remote_env_defaults", "remote_env_pickle",
          "remote_env_ray", "gymnasium_async", "rllib_remote_base_env", "gymnasium_sync",

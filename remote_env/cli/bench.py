@@ -7,8 +7,10 @@ over Ray calls only: the older data paths), ``gymnasium_sync``,
 ``sleep1ms`` also ``remote_env_async``: the same wait awaited (the env's ``astep``)
 instead of blocking a thread, which only remote_env can use. ``limit`` is the
 machine's, measured in the same rotation (:mod:`remote_env.cli.bench_limit`). They
-run alternately for ``--reps`` rounds of ``--seconds`` each; the median steps/s and
-µs of CPU per env-step are reported, with ratios to each peer and to the limit.
+run alternately for ``--reps`` rounds of ``--seconds`` each, each alone: the earlier
+runs' processes gone first (:mod:`remote_env.cli.bench_quiet`). The median steps/s and
+µs of CPU per env-step are reported, with ratios to each peer and to the limit except
+where a figure is a disturbed measurement (:mod:`remote_env.cli.bench_sanity`).
 Progress and an estimate of the time left go to stderr.
 """
 
@@ -28,13 +30,15 @@ import numpy as np
 
 from remote_env import examples
 from remote_env.checks import TRANSPORTS
-from remote_env.cli import bench_limit, bench_runners
+from remote_env.cli import bench_limit, bench_quiet, bench_runners, bench_sanity
 from remote_env.cli.bench_runners import run_gymnasium, run_remote_env
 
 WORKLOADS = bench_runners.WORKLOADS
 #: ``limit`` is the machine's (see :mod:`remote_env.cli.bench_limit`), run alongside.
+#: The yardsticks Sync and the limit come right after RLlib's teardown of an actor per env (odd
+#: reps; even reps run in reverse), where anything it left running would show most.
 IMPLS = ("remote_env", "remote_env_async", "remote_env_defaults", "remote_env_pickle",
-         "remote_env_ray", "gymnasium_sync", "gymnasium_async", "rllib_remote_base_env",
+         "remote_env_ray", "gymnasium_async", "rllib_remote_base_env", "gymnasium_sync",
          "limit")
 PEERS = ("gymnasium_sync", "gymnasium_async", "rllib_remote_base_env")
 # re-exported: tests and scripts call these through this module
@@ -72,8 +76,15 @@ class Progress:
         s = sum(self._took.get(i, self._seconds + _prior_s(i, self._n)) for i in self._left)
         return f"{s / 60:.1f} min" if s >= 90 else f"{s:.0f} s"
 
-    def starting(self, impl: str, rep: int, reps: int) -> None:
-        self._say(f"{self._tag} rep {rep}/{reps} {impl} ... ({self._eta()} left)")
+    def starting(self, impl: str, rep: int, reps: int, around: bench_quiet.Beside) -> None:
+        waited = f"waited {around.waited_s:.1f} s for the last run's processes to exit; " \
+            if around.waited_s >= 0.5 else ""
+        left = ", ".join(f"{k} x {v}" for k, v in around.leftover.items())
+        left = f"STILL RUNNING BESIDE IT: {left}; " if left else ""
+        top = ", ".join(f"{k} {v:.1f}" for k, v in around.busiest.items())
+        self._say(f"{self._tag} rep {rep}/{reps} {impl} ... ({waited}{left}machine busy "
+                  f"{around.busy_cores:.1f} cores before it{': ' + top if top else ''}; "
+                  f"{self._eta()} left)")
 
     def done(self, impl: str, rep: int, reps: int, sps: float, cpu_us: float | None,
              took: float) -> None:
@@ -135,20 +146,27 @@ def bench(workload: str, n: int, seconds: float, reps: int, impls: list[str],
     samples: dict[str, list[float]] = {i: [] for i in impls}
     cpu_samples: dict[str, list[float]] = {i: [] for i in impls}
     driver_samples: dict[str, list[float]] = {i: [] for i in impls}
+    beside: dict[str, list[bench_quiet.Beside]] = {i: [] for i in impls}
     shown = Progress(progress, workload, n, seconds, reps, impls)
+    quiet = bench_quiet.Quiet(str(ray.get_runtime_context().gcs_address))
     for rep in range(1, reps + 1):
         # alternate the order so drift (thermal, other load) spreads over all
         order = impls if rep % 2 == 1 else list(reversed(impls))
         for impl in order:
-            shown.starting(impl, rep, reps)
+            # each run alone: the earlier runs' actors and processes gone, checked
+            around = quiet.wait()
+            shown.starting(impl, rep, reps, around)
             t0 = time.perf_counter()
             sps, cpu_us, driver_us = runners[impl]()
             samples[impl].append(sps)
             cpu_samples[impl].append(cpu_us)
             driver_samples[impl].append(driver_us)
+            beside[impl].append(around)
             shown.done(impl, rep, reps, sps, cpu_us, time.perf_counter() - t0)
     medians = {i: statistics.median(v) for i, v in samples.items()}
     lim = medians.pop("limit", None)
+    bad = bench_sanity.disturbed(samples, {i: [b.leftover for b in v] for i, v in beside.items()},
+                                 yardsticks=(*PEERS, "limit"))
     procs = len(bench_limit.split(n, cpus))
     how = (f"{procs} processes x {n // procs}+ envs in-process, no IPC"
            + (" (awaited: astep on one event loop each)" if awaited_limit else " (SyncVectorEnv)"))
@@ -160,6 +178,12 @@ def bench(workload: str, n: int, seconds: float, reps: int, impls: list[str],
         "ray_worker_niceness": worker_niceness if worker_niceness is not None else "ray default",
         "results": medians,
         "limit": lim,
+        # impl -> why its figure is a disturbed measurement, not a figure to divide by
+        "disturbed": bad,
+        # per rep: how long the bench waited for the earlier runs' processes to exit,
+        # which of them still ran beside it (none unless the wait gave up), and the
+        # cores the rest of the machine kept busy just before it
+        "beside": {i: [b._asdict() for b in v] for i, v in beside.items()},
         "cpu_us_per_step": {i: statistics.median(v) for i, v in cpu_samples.items()},
         # the driver's share of it (for the limit: 0, each process steps its own)
         "driver_cpu_us_per_step": {i: statistics.median(v) for i, v in driver_samples.items()},
@@ -176,27 +200,54 @@ def table(report: dict[str, Any]) -> str:
     res: dict[str, float] = report["results"]
     cpu: dict[str, float] = report.get("cpu_us_per_step", {})
     lim = report["limit"]
+    bad: dict[str, str] = report.get("disturbed", {})
     peers = [p for p in PEERS if p in res]
     lines = [f"workload={report['workload']} num_envs={report['num_envs']} cpus={report['cpus']} "
              f"limit={_fmt(lim)} ({report['config']['limit']}), median of "
              f"{report['config']['reps']} x {report['seconds']}s"]
     drv: dict[str, float] = report.get("driver_cpu_us_per_step", {})
     head = f"{'implementation':24}{'steps/s':>12}{'us CPU/step':>13}{'(driver)':>10}"
-    head += "".join(f"{'x ' + p:>26}" for p in peers) + f"{'x limit':>10}"
+    head += "".join(f"{'x ' + p:>26}" for p in peers) + f"{'x limit':>12}"
     lines.append(head)
-    rows = list(res.items()) + ([("limit", lim)] if lim else [])
-    for impl, sps in rows:
+    both = {**res, "limit": lim} if lim else dict(res)
+    for impl, sps in both.items():
         row = f"{impl:24}{sps:12,.0f}{_fmt(cpu.get(impl), '.1f'):>13}"
         row += f"{_fmt(drv.get(impl), '.1f'):>10}"
-        row += "".join(f"{sps / res[p]:26.2f}" for p in peers)
-        row += f"{sps / lim:10.2f}" if lim else f"{'-':>10}"
+        row += "".join(f"{_ratio(both, bad, impl, p):>26}" for p in peers)
+        row += f"{_ratio(both, bad, impl, 'limit'):>12}" if lim else f"{'-':>12}"
         lines.append(row)
+    for impl, why in bad.items():
+        lines.append(f"DISTURBED {impl}: {why}")
+    lines.append(_beside_line(report.get("beside", {})))
     old = ", ".join(f"{k}={_fmt(v)}" for k, v in report.get("yardsticks", {}).items())
     if old:
         lines.append(f"earlier yardsticks: {old}")
     for impl, why in report["config"]["skipped"].items():
         lines.append(f"{impl:24} not run: {why}")
     return "\n".join(lines)
+
+
+def _ratio(res: dict[str, float], bad: dict[str, str], num: str, den: str) -> str:
+    r = bench_sanity.ratio(res, bad, num, den)
+    return "disturbed" if r is None else f"{r:.2f}"
+
+
+def _beside_line(beside: dict[str, list[dict[str, Any]]]) -> str:
+    runs = [b for v in beside.values() for b in v]
+    if not runs:
+        return "beside: not recorded"
+    left = sum(bool(b["leftover"]) for b in runs)
+    busy = [b["busy_cores"] for b in runs]
+    top: dict[str, float] = {}
+    for b in runs:
+        for name, cores in b.get("busiest", {}).items():
+            top[name] = max(top.get(name, 0.0), cores)
+    who = ", ".join(f"{k} up to {v:.1f}" for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:5])
+    return (f"beside: {'nothing' if not left else f'{left} of {len(runs)} runs had something'}"
+            f" of the bench's own still running (waited up to "
+            f"{max(b['waited_s'] for b in runs):.1f} s for a run's processes to exit); the "
+            f"machine's other load just before each run: {min(busy):.1f}-{max(busy):.1f} cores"
+            + (f" ({who})" if who else ""))
 
 
 def _fmt(x: float | None, how: str = ",.0f") -> str:
@@ -301,14 +352,28 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    # Ray prints its workers' and raylet's log lines to the driver's sys.stdout: keep
-    # stdout for results only (one JSON object a line with --json)
-    out = sys.stdout
-    sys.stdout = sys.stderr
+    # stdout carries results only (one JSON object a line with --json). Ray prints its
+    # workers' log lines to sys.stdout from a thread, and the daemons it starts inherit
+    # file descriptor 1: point both at stderr, and write results to a copy of the real
+    # stdout. Ray is shut down before stdout is given back, or its log thread prints
+    # what it still holds after the results (issue 35: `--json | tail -1` was a log line).
+    import ray
+
+    ours = not ray.is_initialized()
+    sys.stdout.flush()
+    real = os.dup(1)
+    os.dup2(2, 1)
+    saved, sys.stdout = sys.stdout, sys.stderr
     try:
-        return _main(args, out)
+        with os.fdopen(os.dup(real), "w") as out:
+            return _main(args, out)
     finally:
-        sys.stdout = out
+        if ours and ray.is_initialized():
+            ray.shutdown()
+        sys.stderr.flush()
+        os.dup2(real, 1)
+        os.close(real)
+        sys.stdout = saved
 
 
 def _main(args: argparse.Namespace, out: Any) -> int:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from remote_env.cli import bench
+from remote_env.cli import bench, bench_runners
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,3 +76,68 @@ def test_rss_and_latency_reports() -> None:
     rss, lat = (json.loads(line) for line in out.stdout.splitlines())
     assert rss["num_envs"] == 64 and rss["rss_per_env_kib"] > 0
     assert lat["batch_wait_ms"] == 5.0 and lat["p99_ms"] >= lat["p50_ms"] > 0
+
+
+# Beside RLlib's leftover actors (issue 35) Sync measured 0.57 of its figure alone and
+# the limit fell below remote_env's. Alone, Sync's reps agree far better: 166,209 and
+# 172,117 in the quiet reps of README round 5 (3 s), 140,748-178,083 in 1 s runs on a
+# partly busy VM (0.88-1.12 of their mean). 0.7 passes those and fails the leak.
+SYNC_TOLERANCE = 0.7
+# Others' load (in cores of 2) beyond which figures say more about it than about the
+# bench: with a runnable queue of 14 from other work, the limit over Sync ranged
+# 0.78-2.35 in six back-to-back 1 s pairs with nothing of the bench's own left over
+# (with kernel.sched_autogroup_enabled=1 the limit's two processes share one session's
+# slice against the others', as Sync's one does).
+BUSY_CORES = 0.5
+# RLlib starts an actor per env, and what a leaky teardown leaves is as large: with 8,
+# the old bench left 6 actors that exited within a few seconds and Sync after them
+# measured 0.94 of Sync alone; with 32 it left 32 that took 12.9 s to go (busy VM).
+# 16 actors start in parallel (num_cpus=0) in about the time the rest of the set takes.
+N = 16
+
+
+def _sync_alone() -> dict[str, Any]:
+    return bench.bench("cartpole", N, 1.0, 1, ["gymnasium_sync"], cpus=2)
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_default_set_measures_each_implementation_alone() -> None:
+    why = bench_runners.rllib_available()
+    if why:
+        pytest.skip(f"RLlib's RemoteBaseEnv is part of the default set: {why}")
+    before = _sync_alone()
+    # the default set, in its order: RLlib's teardown right before Sync and the limit
+    report = bench.bench("cartpole", N, 1.0, 1, list(bench.IMPLS), cpus=2)
+    after = _sync_alone()
+    runs: dict[str, list[dict[str, Any]]] = report["beside"]
+    # checked, not assumed: nothing of the bench's own ran beside any run, RLlib's
+    # actors included (the bench waited for them when they were slow to go)
+    assert set(runs) == set(bench.IMPLS) - {"remote_env_async"}, report["config"]["skipped"]
+    assert all(r["leftover"] == {} for rs in runs.values() for r in rs), runs
+    res = report["results"]
+    sync_alone = statistics.mean([before["results"]["gymnasium_sync"],
+                                  after["results"]["gymnasium_sync"]])
+    busy = max(r["busy_cores"] for rep in (before, report, after)
+               for r in (*rep["beside"]["gymnasium_sync"], *rep["beside"].get("limit", [])))
+    figures = (f"Sync {res['gymnasium_sync']:,.0f} in the set, {sync_alone:,.0f} alone; limit "
+               f"{report['limit']:,.0f}; results {res}; disturbed {report['disturbed']}")
+    if busy > BUSY_CORES:
+        pytest.skip(f"the machine's other load reached {busy:.1f} cores before a compared "
+                    f"run: the figures would measure it, not the bench ({figures})")
+    assert res["gymnasium_sync"] >= SYNC_TOLERANCE * sync_alone, figures
+    assert report["limit"] >= max(res.values()), figures
+    assert "limit" not in report["disturbed"], figures
+
+
+def test_json_alone_on_stdout_one_object_a_line() -> None:
+    # RLlib's actors step terminated CartPoles: gymnasium warns in them and Ray prints
+    # that in the driver. Before issue 35 it came after the JSON on stdout.
+    args = ["--num-envs", "2", "3", "--seconds", "0.2", "--reps", "1", "--json",
+            "--impl", "gymnasium_sync", "limit"]
+    if bench_runners.rllib_available() is None:
+        args += ["rllib_remote_base_env"]
+    out = subprocess.run([sys.executable, "-m", "remote_env.cli", "bench", *args],
+                         capture_output=True, text=True, timeout=300, cwd=REPO, check=True)
+    reports = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["num_envs"] for r in reports] == [2, 3], out.stdout
+    assert all(r["beside"]["gymnasium_sync"] for r in reports)

@@ -78,8 +78,20 @@ pidfile_running() { [ -f "$1" ] && pid_running "$(cat "$1")"; }
 
 operator_running() { pidfile_running "$OPERATOR_PID"; }
 
+# Which cluster a long-lived client process was started against: the fingerprint of
+# the cluster's CA. A process started before the cluster was recreated keeps the old
+# CA and fails every request ("x509: ... kwok-ca") while its own probes say ready.
+cluster_ca_id() { sha256sum "$KWOK_WORKDIR/clusters/$CLUSTER_NAME/pki/ca.crt" 2>/dev/null | cut -c1-16; }
+OPERATOR_CA="$STATE/ray-operator.ca"
+same_cluster() { # file-with-recorded-ca-id
+  local now
+  now=$(cluster_ca_id)
+  [ -n "$now" ] && [ -f "$1" ] && [ "$(cat "$1")" = "$now" ]
+}
+
 operator_ready() {
   operator_running || return 1
+  same_cluster "$OPERATOR_CA" || return 1
   local probe
   probe=$(awk -F= '$1=="probe" {print $2}' "$OPERATOR_PORTS" 2>/dev/null)
   [ -n "$probe" ] && curl -fsS --max-time 2 "http://127.0.0.1:$probe/readyz" >/dev/null 2>&1

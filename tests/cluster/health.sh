@@ -73,11 +73,17 @@ api_port() { sed -n 's#^ *server: https://[^:]*:\([0-9]*\).*#\1#p' "$KUBECONFIG_
 
 # one line: "<component> ok|down|unhealthy <detail>"
 check() {
-  local c=$1 f pid
+  local c=$1 f pid ca_file
   f=$(pidfile "$c")
   if [ ! -f "$f" ]; then echo "$c down no pid file ($f)"; return 1; fi
   pid=$(cat "$f")
   if ! pid_running "$pid"; then echo "$c down pid $pid is gone"; return 1; fi
+  case $c in
+    ray-operator) ca_file=$OPERATOR_CA ;; kubelet|kube-proxy|coredns) ca_file=$NODE_DIR/cluster-ca ;; *) ca_file="" ;;
+  esac
+  if [ -n "$ca_file" ] && ! same_cluster "$ca_file"; then
+    echo "$c unhealthy pid $pid started against another cluster's CA (the cluster was recreated)"; return 1
+  fi
   if ! answers "$c" "$pid"; then echo "$c unhealthy pid $pid alive, health endpoint not answering"; return 1; fi
   echo "$c ok pid $pid"
 }

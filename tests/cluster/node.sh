@@ -271,6 +271,12 @@ cmd_up() {
   for _ in $(seq 1 100); do "${CTR[@]}" version >/dev/null 2>&1 && break; sleep 0.1; done
   "${CTR[@]}" version >/dev/null 2>&1 || { tail -n 30 "$ND/containerd.log" >&2; die "containerd did not start"; }
   cmd_images
+  # the node's API clients hold the cluster's CA: started against a cluster that has
+  # since been recreated, they fail every request; start them again
+  if ! same_cluster "$ND/cluster-ca"; then
+    for c in kubelet kube-proxy coredns; do pid_alive "$ND/$c.pid" && log "$c was started against another cluster's CA: restarting"; stop_pid "$c"; done
+  fi
+  cluster_ca_id >"$ND/cluster-ca"
   if ! pid_alive "$ND/kubelet.pid"; then
     log "starting kubelet $KUBE_VERSION as node $NODE_NAME ($NODE_IP)"
     start_bg kubelet "$KUBENODE_BIN/kubelet" --config "$ND/kubelet/config.yaml" \

@@ -29,6 +29,14 @@ healthy() {
   kc get crd rayclusters.ray.io >/dev/null 2>&1
 }
 
+# Delete the kwok cluster with everything that holds its credentials: the real
+# node's parts and the KubeRay operator would keep the old CA otherwise.
+delete_cluster() {
+  if [ "$REAL_NODE" = 1 ]; then bash "$HERE/node.sh" down 9>&- >&2 || true; fi
+  if operator_running; then kill "$(cat "$OPERATOR_PID")" 2>/dev/null || true; fi
+  "$KWOKCTL" delete cluster --name "$CLUSTER_NAME" --kubeconfig "$KUBECONFIG_PATH" >&2 2>&1 || true
+}
+
 print_export() {
   echo "export KUBECONFIG=$KUBECONFIG_PATH"
 }
@@ -101,8 +109,7 @@ YAML
 mv "$cfg.new" "$cfg"
 if cluster_exists && ! cmp -s "$cfg" "$applied"; then
   log "cluster '$CLUSTER_NAME' was made with another kwokctl config: recreating it"
-  if [ "$REAL_NODE" = 1 ]; then bash "$HERE/node.sh" down 9>&- >&2 || true; fi
-  "$KWOKCTL" delete cluster --name "$CLUSTER_NAME" --kubeconfig "$KUBECONFIG_PATH" >&2 2>&1 || true
+  delete_cluster
 fi
 
 # ---- 1. reuse -------------------------------------------------------------
@@ -129,7 +136,7 @@ if cluster_exists && ! bash "$HERE/health.sh" status "${KWOK_COMPONENTS[@]}" >/d
   "$KWOKCTL" start cluster --name "$CLUSTER_NAME" --timeout 60s >&2 2>&1 9>&- || true
   if ! apiserver_ready; then
     log "still not serving: deleting and recreating"
-    "$KWOKCTL" delete cluster --name "$CLUSTER_NAME" --kubeconfig "$KUBECONFIG_PATH" >&2 2>&1 || true
+    delete_cluster
   fi
 fi
 
@@ -199,7 +206,7 @@ kc wait --for=condition=Established --timeout=60s -f "$KUBERAY_DIR/crds/" >&2
 # ---- 5. KubeRay operator on the host -------------------------------------
 if ! operator_ready; then
   if operator_running; then
-    log "ray-operator running but not ready: restarting"
+    log "ray-operator running but not ready$(same_cluster "$OPERATOR_CA" || echo " (started against another cluster's CA)"): restarting"
     kill "$(cat "$OPERATOR_PID")" 2>/dev/null || true
     for _ in $(seq 1 50); do operator_running || break; sleep 0.2; done
     operator_running && kill -9 "$(cat "$OPERATOR_PID")" 2>/dev/null || true
@@ -215,6 +222,7 @@ if ! operator_ready; then
     -log-stdout-encoder=console \
     >"$OPERATOR_LOG" 2>&1 </dev/null 9>&- &
   echo $! >"$OPERATOR_PID"
+  cluster_ca_id >"$OPERATOR_CA"
   for _ in $(seq 1 120); do
     operator_ready && break
     operator_running || { tail -n 40 "$OPERATOR_LOG" >&2; die "ray-operator exited"; }

@@ -57,6 +57,15 @@ MAX_ENV_FROM_SECRETS: Final = 16
 MAX_SECRET_NAME_LENGTH: Final = 253
 SECRET_NAME_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
+#: ``spec.updateStrategy.maxUnavailable`` when unset: Deployment's default.
+DEFAULT_MAX_UNAVAILABLE: Final = "25%"
+#: A percentage form of ``maxUnavailable`` (the range, 1-100, is checked apart).
+PERCENT_RE: Final = re.compile(r"^(0|[1-9][0-9]*)%$")
+#: Said the same way by the model and the CRD's CEL rule (a test compares them).
+MAX_UNAVAILABLE_MESSAGE: Final = (
+    "updateStrategy.maxUnavailable must be an integer >= 1 or a percentage from 1% to 100% "
+    "(envs out of service at once while a new env spec rolls out)")
+
 NAME_RE: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _IDENT: Final = r"[A-Za-z_][A-Za-z0-9_]*"
 ENTRYPOINT_RE: Final = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
@@ -123,7 +132,8 @@ FIELDS: Final[dict[str, Field]] = {
 #: every resources block and every item of ``tolerations``).
 OBJECTS: Final[dict[str, tuple[str, ...]]] = {
     "spec": ("env", "replicas", "envsPerActor", "threadsPerActor", "batchWaitMs",
-             "autoresetMode", "faultTolerance", "ray", "metrics", "suspend", "autoscaling"),
+             "autoresetMode", "faultTolerance", "ray", "metrics", "suspend", "autoscaling",
+             "updateStrategy"),
     "spec.env": ("id", "entrypoint", "kwargs", "multiAgent"),
     "spec.faultTolerance": ("restartFailedEnvs", "stepTimeoutSeconds", "startTimeoutSeconds",
                             "maxRestarts", "restartBackoffSeconds"),
@@ -134,6 +144,7 @@ OBJECTS: Final[dict[str, tuple[str, ...]]] = {
     "spec.metrics": ("port",),
     "spec.autoscaling": ("minReplicas", "maxReplicas", "bufferEnvs", "bufferPercent",
                          "scaleDownDelaySeconds"),
+    "spec.updateStrategy": ("maxUnavailable",),
     "resources": ("requests", "limits"),
     "toleration": ("key", "operator", "value", "effect", "tolerationSeconds"),
 }

@@ -229,3 +229,45 @@ def test_envs_per_actor_change_resizes_actors_within_max_unavailable(
               f"{sampler.max_unavailable} (maxUnavailable 4)")
     finally:
         _destroy(server)
+
+
+def test_a_restarted_pool_server_goes_on_rolling_and_keeps_the_leased_old_actors(
+    ray_with_pool_envs: None, tmp_path: Path
+) -> None:
+    # The head's sidecar restarts with the new spec in its ConfigMap: each actor's
+    # revision is in the registry's layout, so only outdated free actors are rebuilt
+    # (before, a restarted server with a changed spec rebuilt every actor, leased too).
+    old_counter, new_counter = tmp_path / "old", tmp_path / "new"
+    doc = _doc("rollrestart", old_counter, per_actor=2, max_unavailable="50%")
+    server = PoolServer(spec.parse_manifest(doc), http_port=-1, health_interval_s=0.3)
+    server.start_background()
+    envs = None
+    try:
+        server.wait_ready(120)
+        envs = attach("rollrestart", num_envs=4, trainer="stays")
+        held = {h._actor_id.hex() for h in envs.actors}
+        envs.reset(seed=0)
+        envs.step(np.ones(4, dtype=np.int64))
+        server.close()  # not destroyed: the actors and the lease stay
+        doc["spec"]["env"]["kwargs"]["counter_file"] = str(new_counter)
+        new_spec = spec.parse_manifest(doc)
+        server = PoolServer(new_spec, http_port=-1, health_interval_s=0.3)
+        server.start_background()
+        st = wait_for(lambda: (s := server.status())["updatedEnvs"] == 4
+                      and s["readyEnvs"] == 8 and s, 120, "free actors rebuilt")
+        assert (st["outdatedEnvs"], st["outdatedLeasedEnvs"]) == (4, 4)
+        assert held <= {s["actorId"] for s in st["slots"]}
+        for _ in range(10):
+            info = envs.step(np.ones(4, dtype=np.int64))[4]
+            assert not info.get("_error", np.zeros(4, dtype=bool)).any(), info.get("error")
+        assert list(envs.restart_counts) == [0, 0, 0, 0]
+        envs.close()
+        envs = None
+        st = wait_for(lambda: (s := server.status())["updatedEnvs"] == 8
+                      and s["readyEnvs"] == 8 and s, 120, "leased actors rebuilt")
+        assert not held & {s["actorId"] for s in st["slots"]}
+        assert constructions(str(new_counter)) == 8 and constructions(str(old_counter)) == 8
+    finally:
+        if envs is not None:
+            envs.close()
+        _destroy(server)

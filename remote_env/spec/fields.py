@@ -61,7 +61,7 @@ SECRET_NAME_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 DEFAULT_MAX_UNAVAILABLE: Final = "25%"
 #: A percentage form of ``maxUnavailable`` (the range, 1-100, is checked apart).
 PERCENT_RE: Final = re.compile(r"^(0|[1-9][0-9]*)%$")
-#: Said the same way by the model and the CRD's CEL rule (a test compares them).
+#: The CRD's CEL message (a test compares them); the model says which part was wrong.
 MAX_UNAVAILABLE_MESSAGE: Final = (
     "updateStrategy.maxUnavailable must be an integer >= 1 or a percentage from 1% to 100% "
     "(envs out of service at once while a new env spec rolls out)")

@@ -278,8 +278,10 @@ class PoolSpec:
             },
             "metrics": {"port": self.metrics_port},
             "suspend": self.suspend,
-            "updateStrategy": {"maxUnavailable": self.update_strategy.max_unavailable},
             **({"autoscaling": self.autoscaling.to_manifest()} if self.autoscaling else {}),
+            # left out at its default, so the ConfigMap stays readable by an older pool server
+            **({"updateStrategy": {"maxUnavailable": self.update_strategy.max_unavailable}}
+               if self.update_strategy != UpdateStrategy() else {}),
         }
 
     def to_document(self) -> dict[str, Any]:

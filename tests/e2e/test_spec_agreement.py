@@ -46,6 +46,10 @@ GOOD: list[tuple[str, str, dict[str, Any]]] = [
                                                     "bufferEnvs": 8})),
     ("autoscaling-percent", "good", _spec(autoscaling={
         "maxReplicas": 64, "bufferPercent": 20, "scaleDownDelaySeconds": 0}, envsPerActor=1)),
+    ("max-unavailable-int", "good", _spec(updateStrategy={"maxUnavailable": 1})),
+    ("max-unavailable-percent", "good", _spec(updateStrategy={"maxUnavailable": "25%"})),
+    ("max-unavailable-100", "good", _spec(updateStrategy={"maxUnavailable": "100%"})),
+    ("update-strategy-empty", "good", _spec(updateStrategy={})),
 ]
 
 #: Everything test_operator_spec.py, test_pool_spec.py and test_operator_crd.py refuse.
@@ -114,6 +118,16 @@ BAD: list[tuple[str, str, dict[str, Any]]] = [
         "maxReplicas": 64, "bufferEnvs": 8, "cooldown": 30})),
     ("autoscaling-delay-negative", "bad", _spec(autoscaling={
         "maxReplicas": 64, "bufferEnvs": 8, "scaleDownDelaySeconds": -1})),
+    ("max-unavailable-0", "bad", _spec(updateStrategy={"maxUnavailable": 0})),
+    ("max-unavailable-negative", "bad", _spec(updateStrategy={"maxUnavailable": -1})),
+    ("max-unavailable-too-many", "bad", _spec(updateStrategy={"maxUnavailable": 100_001})),
+    ("max-unavailable-0-percent", "bad", _spec(updateStrategy={"maxUnavailable": "0%"})),
+    ("max-unavailable-over-100", "bad", _spec(updateStrategy={"maxUnavailable": "150%"})),
+    ("max-unavailable-negative-percent", "bad", _spec(updateStrategy={"maxUnavailable": "-5%"})),
+    ("max-unavailable-digits-string", "bad", _spec(updateStrategy={"maxUnavailable": "5"})),
+    ("max-unavailable-words", "bad", _spec(updateStrategy={"maxUnavailable": "abc"})),
+    ("max-unavailable-float", "bad", _spec(updateStrategy={"maxUnavailable": 2.5})),
+    ("update-strategy-unknown-field", "bad", _spec(updateStrategy={"maxSurge": 1})),
     ("name-41", "a" * 41, _spec()),
     ("name-upper", "Upper", _spec()),
     ("name-digit", "1starts-with-digit", _spec()),

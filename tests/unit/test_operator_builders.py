@@ -280,8 +280,11 @@ def test_an_env_change_reaches_the_pool_server_through_the_config_map_only() -> 
     doc = yaml.safe_load(builders.build_config_map(new)["data"][names.CONFIG_KEY])
     assert doc["spec"]["env"]["id"] == "Acrobot-v1"
     assert doc["spec"]["ray"]["runtimeEnv"] == {"env_vars": {"A": "1"}}
-    assert doc["spec"]["updateStrategy"] == {"maxUnavailable": "25%"}
+    assert "updateStrategy" not in doc["spec"]  # the default: an older pool server reads it too
     assert spec.parse_manifest(doc).revision() == new.revision() != old.revision()
+    set_ = _pool(updateStrategy={"maxUnavailable": 3})
+    doc = yaml.safe_load(builders.build_config_map(set_)["data"][names.CONFIG_KEY])
+    assert doc["spec"]["updateStrategy"] == {"maxUnavailable": 3}
 
 
 def test_hash_is_on_cluster_and_pod_templates() -> None:

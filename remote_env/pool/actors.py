@@ -62,6 +62,8 @@ class ActorSet(launch.Launcher):
         #: worker has joined then placed actors by CPU, and two landed on one worker pod.
         self._env_resource_required = env_resource
         self._env_resource: tuple[float, bool] = (0.0, False)
+        #: slot -> when a rollout first found it outdated (the start of a leased one's grace)
+        self._outdated_since: dict[int, float] = {}
 
     def layout(self) -> list[SlotInfo]:
         return [s.info() for s in sorted(self.slots.values(), key=lambda x: x.slot)]
@@ -77,7 +79,7 @@ class ActorSet(launch.Launcher):
         self._send_pings(now)
         self._retry_backoffs(now)
         self.scale(now, leased, withdraw)
-        self.roll(leased, withdraw)
+        self.roll(now, leased, withdraw)
 
     def reported(self, slot: int, actor_id: str, reason: str, now: float) -> None:
         """A trainer saw actor ``actor_id`` of ``slot`` fail: replace it (once)."""
@@ -105,17 +107,34 @@ class ActorSet(launch.Launcher):
     def max_unavailable(self) -> int:
         return self.spec.update_strategy.max_unavailable_envs(self.spec.desired_envs)
 
-    def roll(self, leased: Mapping[int, str], withdraw: Withdraw) -> None:
+    def roll(self, now: float, leased: Mapping[int, str], withdraw: Withdraw) -> None:
         """One rollout step (:func:`remote_env.pool.rollout.plan`): rebuild free actors of
         an older revision in place, or remove those of another size (the next scaling
         pass adds actors of the new size). The registry has the last word on which are
-        still free (``withdraw``), as for a scale-down."""
+        still free (``withdraw``), as for a scale-down. With ``leasedActors:
+        ReplaceAfterGrace`` a leased one past its grace is rebuilt too, as after a
+        failure: its trainer's calls fail once and it steps the new actor."""
         if not all(s.size_known for s in self.slots.values()):
             return
         spec = self.spec
-        step = rollout.plan(list(self.slots.values()), revision=spec.revision(),
+        revision = spec.revision()
+        outdated = {s.slot for s in self.slots.values() if s.revision != revision}
+        self._outdated_since = {slot: self._outdated_since.get(slot, now) for slot in outdated}
+        grace = spec.update_strategy.leased_grace
+        overdue = set() if grace is None else {
+            slot for slot in outdated if slot in leased and now - self._outdated_since[slot] >= grace}
+        step = rollout.plan(list(self.slots.values()), revision=revision,
                             envs_per_actor=spec.envs_per_actor, desired_envs=spec.desired_envs,
-                            max_unavailable=self.max_unavailable(), leased=leased)
+                            max_unavailable=self.max_unavailable(), leased=leased,
+                            overdue=overdue)
+        for slot_id in step.evict:
+            s = self.slots[slot_id]
+            log.warning("pool %s: %s: leased past updateStrategy.leasedGraceSeconds=%d: "
+                        "rebuilding it for revision %s; its trainer's envs restart",
+                        spec.name, s.name, spec.update_strategy.leased_grace_seconds, revision)
+            s.restarts += 1
+            self.relaunch(s, after_failure=True)  # fresh envs: reset on their next step
+            self.dirty = True
         if not step.slots:
             return
         granted = set(withdraw(step.slots))

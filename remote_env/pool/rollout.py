@@ -6,7 +6,9 @@ stamped with the revision it was built from; :func:`plan` picks the actors of an
 older one to rebuild on this pass, on the same Ray pods (no pod is recreated):
 
 * only free, ready actors: an actor a trainer leases keeps running its old envs
-  until the lease ends (then it is free, and goes like the others);
+  until the lease ends (then it is free, and goes like the others), unless
+  ``updateStrategy.leasedActors: ReplaceAfterGrace`` and its grace is over
+  (``overdue``): then it is rebuilt in place at its size, after the free ones;
 * at most ``maxUnavailable`` envs out of service at once, counting every env the
   pool lacks for any reason (starting, restarting, removed), as a Deployment counts
   unavailable pods; when none is out of service, one new actor's worth may go even
@@ -20,7 +22,7 @@ Pure: it reads slots, never Ray.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from remote_env.pool.slot import Slot
 
@@ -33,9 +35,12 @@ class Plan:
     rebuild: tuple[int, ...] = ()
     #: Slots to remove (another size): the scaling pass refills the pool.
     remove: tuple[int, ...] = ()
+    #: Leased slots past their grace: rebuilt in place at their size, lease or not.
+    evict: tuple[int, ...] = ()
 
     @property
     def slots(self) -> list[int]:
+        """The free slots of the plan (the registry is asked to withdraw them)."""
         return [*self.rebuild, *self.remove]
 
 
@@ -66,7 +71,8 @@ def progress(slots: Sequence[Slot], revision: str, leased: Mapping[int, str]) ->
 
 
 def plan(slots: Sequence[Slot], *, revision: str, envs_per_actor: int, desired_envs: int,
-         max_unavailable: int, leased: Mapping[int, str]) -> Plan:
+         max_unavailable: int, leased: Mapping[int, str], overdue: Collection[int] = ()
+         ) -> Plan:
     """The outdated actors to take down now (see the module's rules).
 
     Args:
@@ -76,20 +82,27 @@ def plan(slots: Sequence[Slot], *, revision: str, envs_per_actor: int, desired_e
             rebuilt in place, one of another size removed.
         desired_envs: envs the pool should have in service.
         max_unavailable: ``updateStrategy.maxUnavailable`` in envs.
-        leased: slot -> lease id of the leased actors (never taken).
+        leased: slot -> lease id of the leased actors (never taken, but for...)
+        overdue: leased slots whose grace is over (``ReplaceAfterGrace``).
     """
     ready = sum(s.num_envs for s in slots if s.state == "ready")
     unavailable = max(0, desired_envs - ready)
     budget = max_unavailable if unavailable else max(max_unavailable, envs_per_actor)
+    # free ones first, then leased ones past their grace
     candidates = sorted((s for s in slots if s.revision != revision and s.state == "ready"
-                         and s.slot not in leased), key=lambda s: s.slot)
+                         and (s.slot not in leased or s.slot in overdue)),
+                        key=lambda s: (s.slot in leased, s.slot))
     rebuild: list[int] = []
     remove: list[int] = []
+    evict: list[int] = []
     taken = 0
     for s in candidates:
         first = unavailable == 0 and taken == 0
         if unavailable + taken + s.num_envs > budget and not first:
             continue
-        (rebuild if s.num_envs == envs_per_actor else remove).append(s.slot)
+        if s.slot in leased:
+            evict.append(s.slot)  # its trainer keeps as many envs: rebuilt at its size
+        else:
+            (rebuild if s.num_envs == envs_per_actor else remove).append(s.slot)
         taken += s.num_envs
-    return Plan(tuple(rebuild), tuple(remove))
+    return Plan(tuple(rebuild), tuple(remove), tuple(evict))

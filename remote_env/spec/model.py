@@ -143,6 +143,20 @@ class UpdateStrategy:
 
     #: An env count (int >= 1) or a share of ``replicas`` (``"25%"``, rounded down).
     max_unavailable: int | str = fields.DEFAULT_MAX_UNAVAILABLE
+    #: ``WaitForRelease`` or ``ReplaceAfterGrace`` (:data:`fields.LEASED_ACTOR_POLICIES`).
+    leased_actors: str = fields.LEASED_ACTOR_POLICIES[0]
+    #: With ``ReplaceAfterGrace``: how long a leased outdated actor is left to its trainer.
+    leased_grace_seconds: int = fields.DEFAULT_LEASED_GRACE_SECONDS
+
+    @property
+    def leased_grace(self) -> float | None:
+        """Seconds after which a leased outdated actor is rebuilt anyway (None: never)."""
+        return float(self.leased_grace_seconds) if self.leased_actors == "ReplaceAfterGrace" \
+            else None
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"maxUnavailable": self.max_unavailable, "leasedActors": self.leased_actors,
+                "leasedGraceSeconds": self.leased_grace_seconds}
 
     def max_unavailable_envs(self, replicas: int) -> int:
         """``max_unavailable`` in envs for a pool of ``replicas`` (a percentage rounds
@@ -280,7 +294,7 @@ class PoolSpec:
             "suspend": self.suspend,
             **({"autoscaling": self.autoscaling.to_manifest()} if self.autoscaling else {}),
             # left out at its default, so the ConfigMap stays readable by an older pool server
-            **({"updateStrategy": {"maxUnavailable": self.update_strategy.max_unavailable}}
+            **({"updateStrategy": self.update_strategy.to_manifest()}
                if self.update_strategy != UpdateStrategy() else {}),
         }
 

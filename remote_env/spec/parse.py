@@ -199,8 +199,13 @@ def _parse_update_strategy(c: checker.Checker, raw: Any) -> model.UpdateStrategy
     path = "spec.updateStrategy"
     strategy = c.mapping(raw, path)
     c.known(strategy, path)
+    leased_actors = c.string(strategy, f"{path}.leasedActors") or \
+        fields.LEASED_ACTOR_POLICIES[0]
+    grace = c.integer(strategy, f"{path}.leasedGraceSeconds",
+                      fields.DEFAULT_LEASED_GRACE_SECONDS)
     where = f"{path}.maxUnavailable"
     got = strategy.get("maxUnavailable", fields.DEFAULT_MAX_UNAVAILABLE)
+    max_unavailable: int | str = fields.DEFAULT_MAX_UNAVAILABLE
     if isinstance(got, bool) or not isinstance(got, (int, str)):
         c.fail(where, f"expected an integer >= 1 or a percentage such as '25%', got {got!r}")
     elif isinstance(got, int):
@@ -209,7 +214,7 @@ def _parse_update_strategy(c: checker.Checker, raw: Any) -> model.UpdateStrategy
             c.fail(where, f"an env count must be in [1, {fields.MAX_REPLICAS}] (0 would never "
                           f"replace an actor: the pool adds none beside the old), got {got}")
         else:
-            return model.UpdateStrategy(got)
+            max_unavailable = got
     else:
         m = fields.PERCENT_RE.match(got)
         if m is None:
@@ -218,8 +223,8 @@ def _parse_update_strategy(c: checker.Checker, raw: Any) -> model.UpdateStrategy
         elif not 1 <= int(m.group(1)) <= 100:
             c.fail(where, f"a percentage must be in [1%, 100%] (of replicas), got {got!r}")
         else:
-            return model.UpdateStrategy(got)
-    return model.UpdateStrategy()
+            max_unavailable = got
+    return model.UpdateStrategy(max_unavailable, leased_actors, grace)
 
 
 def parse_spec(

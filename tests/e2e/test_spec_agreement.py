@@ -50,6 +50,8 @@ GOOD: list[tuple[str, str, dict[str, Any]]] = [
     ("max-unavailable-percent", "good", _spec(updateStrategy={"maxUnavailable": "25%"})),
     ("max-unavailable-100", "good", _spec(updateStrategy={"maxUnavailable": "100%"})),
     ("update-strategy-empty", "good", _spec(updateStrategy={})),
+    ("replace-after-grace", "good", _spec(updateStrategy={
+        "leasedActors": "ReplaceAfterGrace", "leasedGraceSeconds": 0})),
 ]
 
 #: Everything test_operator_spec.py, test_pool_spec.py and test_operator_crd.py refuse.
@@ -128,6 +130,9 @@ BAD: list[tuple[str, str, dict[str, Any]]] = [
     ("max-unavailable-words", "bad", _spec(updateStrategy={"maxUnavailable": "abc"})),
     ("max-unavailable-float", "bad", _spec(updateStrategy={"maxUnavailable": 2.5})),
     ("update-strategy-unknown-field", "bad", _spec(updateStrategy={"maxSurge": 1})),
+    ("leased-actors-unknown", "bad", _spec(updateStrategy={"leasedActors": "Now"})),
+    ("leased-grace-negative", "bad", _spec(updateStrategy={"leasedGraceSeconds": -1})),
+    ("leased-grace-string", "bad", _spec(updateStrategy={"leasedGraceSeconds": "60"})),
     ("name-41", "a" * 41, _spec()),
     ("name-upper", "Upper", _spec()),
     ("name-digit", "1starts-with-digit", _spec()),

@@ -219,8 +219,9 @@ def test_envs_per_actor_change_resizes_actors_within_max_unavailable(
         new_spec = spec.parse_manifest(doc)
         with Sampler(server) as sampler:
             server.apply_spec(new_spec)
-            st = wait_for(lambda: (s := server.status())["updatedEnvs"] == 8
-                          and s["readyEnvs"] == 8 and s["actors"] == 2 and s, 120, "resized")
+            st = wait_for(lambda: (s := server.status())["revision"] == new_spec.revision()
+                          and s["updatedEnvs"] == 8 and s["readyEnvs"] == 8
+                          and s["actors"] == 2 and s, 120, "resized")
         assert sorted(s["envs"] for s in st["slots"]) == [4, 4]
         assert st["outdatedEnvs"] == 0 and st["revision"] == new_spec.revision()
         assert sampler.max_unavailable <= 4, sampler.max_unavailable
@@ -270,4 +271,50 @@ def test_a_restarted_pool_server_goes_on_rolling_and_keeps_the_leased_old_actors
     finally:
         if envs is not None:
             envs.close()
+        _destroy(server)
+
+
+def test_replace_after_grace_rebuilds_a_leased_actor_and_its_trainer_steps_on(
+    ray_with_pool_envs: None, tmp_path: Path
+) -> None:
+    # the opt-in policy: leased actors go too, once leasedGraceSeconds passed; their
+    # trainer sees each of those envs fail once (restarted, as after a fault) and goes on
+    old_counter, new_counter = tmp_path / "old", tmp_path / "new"
+    doc = _doc("rollgrace", old_counter, per_actor=2, max_unavailable=2)
+    doc["spec"]["updateStrategy"].update(leasedActors="ReplaceAfterGrace", leasedGraceSeconds=3)
+    server = PoolServer(spec.parse_manifest(doc), http_port=-1, health_interval_s=0.3)
+    server.start_background()
+    trainer = None
+    try:
+        server.wait_ready(120)
+        envs = attach("rollgrace", num_envs=2, trainer="evicted")
+        held = {h._actor_id.hex() for h in envs.actors}
+        envs.reset(seed=0)
+        trainer = Trainer(envs)
+        wait_for(lambda: trainer.steps >= 20, 30, "trainer stepping")
+        doc["spec"]["env"]["kwargs"]["counter_file"] = str(new_counter)
+        new_spec = spec.parse_manifest(doc)
+        t0 = time.monotonic()
+        server.apply_spec(new_spec)
+        st = wait_for(lambda: (s := server.status())["revision"] == new_spec.revision()
+                      and s["updatedEnvs"] == 8 and s["readyEnvs"] == 8 and s, 120,
+                      "every actor rebuilt, leased too")
+        assert time.monotonic() - t0 >= 3  # not before the grace
+        assert st["leasedEnvs"] == 2 and not held & {s["actorId"] for s in st["slots"]}
+        steps_then = trainer.steps
+        wait_for(lambda: trainer.steps > steps_then + 20, 60, "trainer stepping the new actor")
+        trainer.stop()
+        # the evicted envs failed once each and were restarted; the trainer was not cut off
+        assert all("restart" in e or "actor" in e.lower() for e in trainer.errors), trainer.errors
+        assert list(envs.restart_counts) == [1, 1]
+        assert envs.get_attr("instance")  # a new env answers
+        envs.close()
+        assert constructions(str(new_counter)) == 8
+        print(f"\nReplaceAfterGrace: leased actor rebuilt {time.monotonic() - t0:.1f}s after the "
+              f"change (grace 3 s); trainer {trainer.steps} steps, {len(trainer.errors)} "
+              f"error answers, restart counts {[int(n) for n in envs.restart_counts]}")
+        trainer = None
+    finally:
+        if trainer is not None:
+            trainer.stop()
         _destroy(server)

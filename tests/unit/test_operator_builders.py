@@ -284,7 +284,8 @@ def test_an_env_change_reaches_the_pool_server_through_the_config_map_only() -> 
     assert spec.parse_manifest(doc).revision() == new.revision() != old.revision()
     set_ = _pool(updateStrategy={"maxUnavailable": 3})
     doc = yaml.safe_load(builders.build_config_map(set_)["data"][names.CONFIG_KEY])
-    assert doc["spec"]["updateStrategy"] == {"maxUnavailable": 3}
+    assert doc["spec"]["updateStrategy"] == {"maxUnavailable": 3, "leasedActors": "WaitForRelease",
+                                             "leasedGraceSeconds": 600}
 
 
 def test_hash_is_on_cluster_and_pod_templates() -> None:

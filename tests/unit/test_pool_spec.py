@@ -205,3 +205,28 @@ def test_revision_follows_the_actor_build_only() -> None:
     for other in ({"env": {"id": "Acrobot-v1"}}, {"envsPerActor": 8},
                   {"ray": {"runtimeEnv": {"env_vars": {"A": "1"}}}}, {"threadsPerActor": 2}):
         assert spec.parse_spec({**base, **other}, name="cp").revision() != rev, other
+
+
+def test_leased_actor_policy_defaults_to_waiting_for_release() -> None:
+    pool = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4}, name="cp")
+    assert pool.update_strategy.leased_actors == "WaitForRelease"
+    assert pool.update_strategy.leased_grace is None
+    pool = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4, "updateStrategy": {
+        "leasedActors": "ReplaceAfterGrace", "leasedGraceSeconds": 30}}, name="cp")
+    assert pool.update_strategy.leased_grace == 30.0
+    assert spec.parse_manifest(pool.to_document()) == pool
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ({"leasedActors": "Now"}, "spec.updateStrategy.leasedActors: expected one of "
+                              "WaitForRelease, ReplaceAfterGrace, got 'Now'"),
+    ({"leasedGraceSeconds": -1}, "spec.updateStrategy.leasedGraceSeconds: must be in "
+                                 "[0, 604800], got -1"),
+    ({"leasedGraceSeconds": "60"}, "spec.updateStrategy.leasedGraceSeconds: expected an "
+                                   "integer in [0, 604800], got '60'"),
+])
+def test_leased_actor_policy_rejects_bad_input(given: dict[str, Any], says: str) -> None:
+    with pytest.raises(spec.SpecError) as err:
+        spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4, "updateStrategy": given},
+                        name="cp")
+    assert err.value.errors == [says]

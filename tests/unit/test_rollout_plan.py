@@ -19,10 +19,12 @@ def _slots(*specs: tuple[int, str, str]) -> list[Slot]:
 
 
 def _plan(slots: list[Slot], *, leased: dict[int, str] | None = None, max_unavailable: int = 4,
-          envs_per_actor: int = 2, desired: int | None = None) -> rollout.Plan:
+          envs_per_actor: int = 2, desired: int | None = None,
+          overdue: set[int] | None = None) -> rollout.Plan:
     return rollout.plan(slots, revision=NEW, envs_per_actor=envs_per_actor,
                         desired_envs=sum(s.num_envs for s in slots) if desired is None
-                        else desired, max_unavailable=max_unavailable, leased=leased or {})
+                        else desired, max_unavailable=max_unavailable, leased=leased or {},
+                        overdue=overdue or set())
 
 
 def test_free_outdated_actors_go_first_within_max_unavailable() -> None:
@@ -81,3 +83,26 @@ def test_progress_counts_updated_outdated_and_leased() -> None:
     assert (p.updated_envs, p.outdated_envs, p.outdated_leased_envs) == (4, 6, 4)
     assert not p.complete
     assert rollout.progress(slots[:2], NEW, {}).complete
+
+
+def test_leased_actors_past_their_grace_are_evicted_after_the_free_ones() -> None:
+    slots = _slots(*[(2, OLD, "ready")] * 4)
+    leased = {0: "a", 1: "a"}
+    # budget 4: the two free ones first; the overdue leased ones wait for the budget
+    plan = _plan(slots, leased=leased, overdue={0, 1})
+    assert (plan.rebuild, plan.evict) == ((2, 3), ())
+    slots[2].revision = slots[3].revision = NEW
+    plan = _plan(slots, leased=leased, overdue={0, 1})
+    assert (plan.rebuild, plan.remove, plan.evict) == ((), (), (0, 1))
+    assert plan.slots == []  # nothing to withdraw: the lease stays
+    # not overdue: untouched
+    assert _plan(slots, leased=leased, overdue={1}).evict == (1,)
+    assert _plan(slots, leased=leased).evict == ()
+
+
+def test_an_evicted_leased_actor_keeps_its_size() -> None:
+    # envsPerActor changed: a free actor of the old size is removed, a leased one is
+    # rebuilt at its size (its trainer keeps as many envs)
+    slots = _slots((4, OLD, "ready"), (4, OLD, "ready"))
+    plan = _plan(slots, leased={0: "a"}, overdue={0}, envs_per_actor=2, max_unavailable=8)
+    assert (plan.remove, plan.evict) == ((1,), (0,))

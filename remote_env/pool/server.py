@@ -380,6 +380,7 @@ class PoolServer:
     def _gauges(self) -> dict[str, float]:
         st = self.status()
         return {"desired": st.get("desiredEnvs", 0), "leased": st.get("leasedEnvs", 0),
-                "free": st.get("freeEnvs", 0), "leases": len(st.get("leases", []))}
+                "free": st.get("freeEnvs", 0), "leases": len(st.get("leases", [])),
+                "outdated": st.get("outdatedEnvs", 0)}
 
 

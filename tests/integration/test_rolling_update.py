@@ -128,6 +128,10 @@ class Trainer:
         self._thread.join(30)
 
 
+def _metric(server: PoolServer, name: str) -> float | None:
+    return server.registry.get_sample_value(name, {"pool": server.spec.name})
+
+
 def _destroy(server: PoolServer) -> None:
     ns = server.ray_namespace
     server.close(destroy=True)
@@ -171,6 +175,7 @@ def test_env_change_rolls_free_actors_first_and_leased_ones_after_release(
                 assert held <= {s["actorId"] for s in server.status()["slots"]}
             wait_for(lambda: trainer.steps > steps_then + 20, 30, "trainer still stepping")
             assert constructions(str(new_counter)) == 4
+            assert _metric(server, "envpool_pool_outdated_envs") == 4
             report = server.pool_report()  # what status.pool gets
             assert set(status_mod.POOL_REPORT_KEYS) <= set(report)
             assert (report["revision"], report["updatedEnvs"], report["outdatedEnvs"]) == (
@@ -187,6 +192,7 @@ def test_env_change_rolls_free_actors_first_and_leased_ones_after_release(
             leased_done_s = time.monotonic() - t1
         assert st["outdatedEnvs"] == 0 and not held & {s["actorId"] for s in st["slots"]}
         assert {s["revision"] for s in st["slots"]} == {new_spec.revision()}
+        assert _metric(server, "envpool_pool_outdated_envs") == 0
         assert constructions(str(new_counter)) == 8
         assert constructions(str(old_counter)) == 8  # no old env was re-created
         assert st["restarts"] == 0

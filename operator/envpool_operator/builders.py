@@ -51,8 +51,8 @@ def _ray_cluster_spec(
     head = pod_templates.head_template(pool, settings)
     worker = pod_templates.worker_template(pool, settings)
     if spec_hash is not None:
-        # In the pod templates so that env/runtimeEnv changes, which are not
-        # otherwise part of the RayCluster spec, also trigger KubeRay's Recreate.
+        # In the pod templates, so that KubeRay's Recreate certainly sees a change
+        # that needs new pods (image, Ray version, resources, scheduling).
         for template in (head, worker):
             template["metadata"].setdefault("annotations", {})[
                 names.CLUSTER_HASH_ANNOTATION] = spec_hash
@@ -90,21 +90,18 @@ def _ray_cluster_spec(
 def cluster_hash(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> str:
     """Hash of everything that needs new Ray pods to change.
 
-    That is the RayCluster with the worker count left out (image, Ray version,
-    resources, scheduling, metrics port), plus the env and runtimeEnv: a
-    running actor cannot swap the code it hosts. replicas, envsPerActor,
-    batchWaitMs, autoresetMode, faultTolerance and suspend are not in it; they
-    reach the running pool through the ConfigMap and the worker count.
+    That is the RayCluster with the worker count left out: image, Ray version,
+    resources, scheduling, metrics port. The env, runtimeEnv, envsPerActor and the
+    other actor settings are not in it: they reach the running pool server through
+    the ConfigMap (and its watch of the EnvPool), which rolls new actors through the
+    same pods (``spec.updateStrategy``; a leased actor when its lease ends), so a
+    trainer is never cut off by an env change. Nor are replicas and suspend (the
+    worker count) or batchWaitMs.
     """
     cluster = _ray_cluster_spec(pool, settings, workers=0)
     for group in cluster["workerGroupSpecs"]:
         group.pop("scaleStrategy")  # which pods go when shrinking: no new pods for that
-    material = {
-        "cluster": cluster,
-        "env": pool.to_manifest()["env"],
-        "runtimeEnv": dict(pool.ray.runtime_env),
-    }
-    blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
+    blob = json.dumps(cluster, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -120,10 +117,11 @@ def build_ray_cluster(
     zero while suspended. The head stays up when suspended so resuming is quick
     and trainers see a pool that reports Suspended rather than a missing one
     (KubeRay's own ``spec.suspend`` would delete the head and pool server too).
-    Image, Ray version, resources, env or runtimeEnv changes change the
-    ``envpool.dev/cluster-hash`` annotation in the pod templates, and KubeRay's
-    ``upgradeStrategy: Recreate`` replaces the pods of the same RayCluster
-    (same name, same head Service, so trainers' endpoint stays valid).
+    Image, Ray version or resources changes change the ``envpool.dev/cluster-hash``
+    annotation in the pod templates, and KubeRay's ``upgradeStrategy: Recreate``
+    replaces the pods of the same RayCluster (same name, same head Service, so
+    trainers' endpoint stays valid). Env and runtimeEnv changes do not: the pool
+    server rolls them through the running pods (see :func:`cluster_hash`).
     ``workers``: a :func:`worker_plan` to use instead of ``pool.workers``.
     """
     spec_hash = cluster_hash(pool, settings)

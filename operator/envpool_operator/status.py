@@ -35,8 +35,10 @@ COND_READY: Final = "Ready"
 COND_SPEC_VALID: Final = "SpecValid"
 COND_RAY_CLUSTER_READY: Final = "RayClusterReady"
 COND_POOL_SERVER_READY: Final = "PoolServerReady"
+#: Every actor runs the spec's revision (env, runtimeEnv, envsPerActor...): a rollout is done.
+COND_ROLLOUT_COMPLETE: Final = "RolloutComplete"
 CONDITION_TYPES: Final = (COND_READY, COND_SPEC_VALID, COND_RAY_CLUSTER_READY,
-                          COND_POOL_SERVER_READY)
+                          COND_POOL_SERVER_READY, COND_ROLLOUT_COMPLETE)
 
 #: A pool report older than this is not trusted (the server reports every few seconds).
 REPORT_STALE_AFTER: Final = datetime.timedelta(seconds=120)
@@ -208,6 +210,34 @@ def pool_server_condition(
     return _Cond(t, False, "EnvsNotReady", f"{ready}/{expected_envs} envs ready{suffix}")
 
 
+def rollout_condition(
+    report: Mapping[str, Any] | None, pool: spec_mod.PoolSpec | None, *, now: datetime.datetime,
+) -> _Cond:
+    """RolloutComplete from ``status.pool``: True once the pool server runs the spec's
+    revision and no actor of an older one is left (leased ones go when released)."""
+    t = COND_ROLLOUT_COMPLETE
+    report = fresh_report(report, now)
+    if pool is None:
+        return _Cond(t, None, "InvalidSpec", "no valid spec to roll out")
+    if report is None:
+        return _Cond(t, None, "NoReport", "no fresh pool-server report")
+    if "revision" not in report:
+        return _Cond(t, None, "NoRevision", "the pool server does not report revisions "
+                                            "(an older version)")
+    want, runs = pool.revision(), str(report["revision"])
+    if runs != want:
+        return _Cond(t, False, "SpecPending",
+                     f"the pool server rolls toward revision {runs}; the spec's is {want} "
+                     "(it takes a new spec within seconds)")
+    updated, outdated = _int(report.get("updatedEnvs")), _int(report.get("outdatedEnvs"))
+    if outdated:
+        leased = _int(report.get("outdatedLeasedEnvs"))
+        return _Cond(t, False, "RollingOut",
+                     f"{updated}/{updated + outdated} envs at revision {want}; {outdated} "
+                     f"outdated, {leased} of them leased (rebuilt when their lease ends)")
+    return _Cond(t, True, "Updated", f"every env runs revision {want}")
+
+
 def _merge_conditions(
     new: Sequence[_Cond], previous: Any, *, now: str, generation: int | None,
 ) -> list[dict[str, Any]]:
@@ -294,9 +324,9 @@ def compute_status(
         served_hash = previous.get("clusterHash")
         if (failing is rc_cond and served_hash and expected_hash
                 and served_hash != expected_hash):
-            # KubeRay is replacing the pods for a new image/env: not a fault.
+            # KubeRay is replacing the pods for a new image or Ray version: not a fault.
             rc_cond = _Cond(rc_cond.type, False, "Rolling",
-                            f"{rc_cond.message} (rolling to a new image/env spec)")
+                            f"{rc_cond.message} (new pods for a new image, Ray version or resources)")
             failing = rc_cond
         was_serving = prev_phase in (READY, DEGRADED)
         lost_envs = failing is pool_cond and pool_cond.reason in ("EnvsNotReady", "ReportStale")
@@ -305,7 +335,8 @@ def compute_status(
         ready_cond = _Cond(COND_READY, False, failing.reason, failing.message)
 
     conditions = _merge_conditions(
-        [ready_cond, spec_cond, rc_cond, pool_cond],
+        [ready_cond, spec_cond, rc_cond, pool_cond,
+         rollout_condition(pool_report, pool, now=now)],
         previous.get("conditions"),
         now=stamp,
         generation=generation,
@@ -314,6 +345,10 @@ def compute_status(
     # Lease counts only from a fresh report: a stale one would show (and size the
     # pool for) leases that may be long gone. None removes them (merge patch).
     leased_envs = free_envs = None
+    rollout: dict[str, Any] = {"revision": None, "updatedEnvs": None, "outdatedEnvs": None}
+    if report is not None and "revision" in report:
+        rollout = {"revision": report["revision"], "updatedEnvs": _int(report.get("updatedEnvs")),
+                   "outdatedEnvs": _int(report.get("outdatedEnvs"))}
     if report is not None:
         ready_envs, sized_for = _int(report.get("readyEnvs")), _int(report.get("desiredEnvs"))
         if "leasedEnvs" in report:
@@ -344,6 +379,8 @@ def compute_status(
         "rayCluster": rc_name,
         "endpoint": endpoint,
         "conditions": conditions,
+        # a rollout of a new env spec through the running pods (kubectl get epool shows them)
+        **rollout,
         "observedGeneration": observed_generation,
         # The cluster hash last seen ready: a later mismatch means a roll.
         "clusterHash": expected_hash if rc_cond.ok else previous.get("clusterHash"),

@@ -16,7 +16,7 @@ from typing import Any, Final
 from remote_env import restarts
 from remote_env import spec as spec_mod
 from remote_env.metrics import FAILURE_REASONS, PoolMetrics
-from remote_env.pool import launch
+from remote_env.pool import launch, rollout
 from remote_env.pool.slot import (
     HOST_NAME_RE,
     Slot,
@@ -62,6 +62,8 @@ class ActorSet(launch.Launcher):
         #: worker has joined then placed actors by CPU, and two landed on one worker pod.
         self._env_resource_required = env_resource
         self._env_resource: tuple[float, bool] = (0.0, False)
+        #: slot -> when a rollout first found it outdated (the start of a leased one's grace)
+        self._outdated_since: dict[int, float] = {}
 
     def layout(self) -> list[SlotInfo]:
         return [s.info() for s in sorted(self.slots.values(), key=lambda x: x.slot)]
@@ -77,6 +79,7 @@ class ActorSet(launch.Launcher):
         self._send_pings(now)
         self._retry_backoffs(now)
         self.scale(now, leased, withdraw)
+        self.roll(now, leased, withdraw)
 
     def reported(self, slot: int, actor_id: str, reason: str, now: float) -> None:
         """A trainer saw actor ``actor_id`` of ``slot`` fail: replace it (once)."""
@@ -87,19 +90,70 @@ class ActorSet(launch.Launcher):
             self.fail(s, reason if reason in FAILURE_REASONS else "actor_died", why, now)
 
     def respec(self, spec: spec_mod.PoolSpec, now: float) -> None:
-        """Run ``spec`` from now on: new actors if they are built differently."""
+        """Run ``spec`` from now on. Actors built differently are not replaced here:
+        :meth:`roll` rebuilds them a few at a time, leased ones when released."""
         old, self.spec = self.spec, spec
-        if signature(old) != signature(spec):
-            log.info("pool %s: env or actor settings changed: replacing every actor", spec.name)
-            for s in self.slots.values():
-                s.streak = restarts.Streak()
-                self.relaunch(s, after_failure=False)
+        if old.revision() != spec.revision():
+            log.info("pool %s: env or actor settings changed (revision %s -> %s): rolling "
+                     "free actors, at most %d envs at a time; leased ones when released",
+                     spec.name, old.revision(), spec.revision(), self.max_unavailable())
         for s in self.slots.values():
             if s.state == "failed":  # a new spec is the user's retry
                 s.streak = restarts.Streak()
                 s.retry_at = now
                 s.state = "backoff"
         self.dirty = True
+
+    def max_unavailable(self) -> int:
+        return self.spec.update_strategy.max_unavailable_envs(self.spec.desired_envs)
+
+    def roll(self, now: float, leased: Mapping[int, str], withdraw: Withdraw) -> None:
+        """One rollout step (:func:`remote_env.pool.rollout.plan`): rebuild free actors of
+        an older revision in place, or remove those of another size (the next scaling
+        pass adds actors of the new size). The registry has the last word on which are
+        still free (``withdraw``), as for a scale-down. With ``leasedActors:
+        ReplaceAfterGrace`` a leased one past its grace is rebuilt too, as after a
+        failure: its trainer's calls fail once and it steps the new actor."""
+        if not all(s.size_known for s in self.slots.values()):
+            return
+        spec = self.spec
+        revision = spec.revision()
+        outdated = {s.slot for s in self.slots.values() if s.revision != revision}
+        self._outdated_since = {slot: self._outdated_since.get(slot, now) for slot in outdated}
+        grace = spec.update_strategy.leased_grace
+        overdue = set() if grace is None else {
+            slot for slot in outdated if slot in leased and now - self._outdated_since[slot] >= grace}
+        step = rollout.plan(list(self.slots.values()), revision=revision,
+                            envs_per_actor=spec.envs_per_actor, desired_envs=spec.desired_envs,
+                            max_unavailable=self.max_unavailable(), leased=leased,
+                            overdue=overdue)
+        for slot_id in step.evict:
+            s = self.slots[slot_id]
+            log.warning("pool %s: %s: leased past updateStrategy.leasedGraceSeconds=%d: "
+                        "rebuilding it for revision %s; its trainer's envs restart",
+                        spec.name, s.name, spec.update_strategy.leased_grace_seconds, revision)
+            s.restarts += 1
+            self.relaunch(s, after_failure=True)  # fresh envs: reset on their next step
+            self.dirty = True
+        if not step.slots:
+            return
+        granted = set(withdraw(step.slots))
+        for slot_id in step.rebuild:
+            if slot_id in granted:
+                s = self.slots[slot_id]
+                s.streak = restarts.Streak()
+                self.relaunch(s, after_failure=False)
+        for slot_id in step.remove:
+            if slot_id in granted:
+                kill(self.slots.pop(slot_id).handle)
+        if granted:
+            self.dirty = True  # withdrawn slots left the registry's layout: republish
+            left = rollout.progress(list(self.slots.values()), spec.revision(), leased)
+            log.info("pool %s: rolling to revision %s: rebuilding %d actors, removing %d "
+                     "(resized); %d envs still outdated (%d leased)", spec.name,
+                     spec.revision(), len(granted & set(step.rebuild)),
+                     len(granted & set(step.remove)), left.outdated_envs,
+                     left.outdated_leased_envs)
 
     def kill_all(self) -> None:
         for s in self.slots.values():
@@ -146,11 +200,13 @@ class ActorSet(launch.Launcher):
             s.handle = handle
             s.actor_id = handle._actor_id.hex()
             s.size_known = prev is not None
+            # Actors known to be built from another spec are rolled; a record without a
+            # revision (an older pool server) counts as the pool_info's build.
+            s.revision = prev.revision if prev is not None and prev.revision else (
+                self.spec.revision() if same_build else "")
             # start() is idempotent: it answers with the description of a started host
             s.start_ref = handle.start.remote()
             self.slots[slot] = s
-            if not same_build:
-                self.relaunch(s, after_failure=False)
         lost = [prev for slot, prev in known.items() if slot not in self.slots]
         for prev in lost:
             s = restored(prev, prev.slot, self.spec.envs_per_actor)
@@ -169,7 +225,7 @@ class ActorSet(launch.Launcher):
                      sum(s.num_envs for s in self.slots.values()), self.ray_namespace,
                      f"; restarting {len(lost)} the registry knew without an actor"
                      if lost else "",
-                     "" if same_build else "; rebuilding them: spec changed")
+                     "" if same_build else "; rolling them: spec changed")
 
     def _check_starts(self, now: float) -> None:
         import ray

@@ -42,7 +42,8 @@ class StatusSource(Protocol):
 
 # ------------------------------------------------------------------ metrics
 class _PoolGauges(metrics.SourcesCollector[Mapping[str, float]]):
-    """``envpool_pool_{desired,leased,free}_envs`` and ``envpool_pool_leases``, at scrape time.
+    """``envpool_pool_{desired,leased,free,outdated}_envs`` and ``envpool_pool_leases``, at
+    scrape time.
 
     Leased and free are gauges of their own rather than states of ``envpool_envs``:
     that family partitions envs by health (running, restarting, failed), and leased
@@ -59,16 +60,22 @@ class _PoolGauges(metrics.SourcesCollector[Mapping[str, float]]):
                                  "Ready sub-envs no trainer leases (the autoscaling buffer).",
                                  labels=ln)
         leases = GaugeMetricFamily("envpool_pool_leases", "Trainer leases held.", labels=ln)
+        outdated = GaugeMetricFamily(
+            "envpool_pool_outdated_envs",
+            "Sub-envs in actors of an older spec revision, still to be rolled (leased ones "
+            "when their lease ends).", labels=ln)
         for labels, fn in self.sources():
             v = fn()
             desired.add_metric(list(labels), v["desired"])
             leased.add_metric(list(labels), v["leased"])
             free.add_metric(list(labels), v["free"])
             leases.add_metric(list(labels), v["leases"])
+            outdated.add_metric(list(labels), v.get("outdated", 0))
         yield desired
         yield leased
         yield free
         yield leases
+        yield outdated
 
 
 _gauges_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, _PoolGauges] = (

@@ -99,6 +99,7 @@ class Launcher:
         else:
             raise RuntimeError(f"pool {spec.name}: cannot name a new actor for slot {s.slot}")
         s.actor_id = s.handle._actor_id.hex()
+        s.revision = spec.revision()
         s.start_ref = s.handle.start.remote()
         s.start_seen = None
         s.state = "starting"

@@ -183,9 +183,12 @@ class PoolRegistry:
                lease_id: str | None) -> dict[str, Any]:
         """A new lease (the lock held)."""
         leased = self._leased_slots()
+        # During a rollout, actors of the spec's revision first: an old one leased now
+        # would run the old env until this lease ends.
+        revision = self._pool_info.get("revision")
         free = sorted(
             (s for s in self._slots.values() if s.state == "ready" and s.slot not in leased),
-            key=lambda s: (-s.num_envs, s.slot),
+            key=lambda s: (bool(revision) and s.revision != revision, -s.num_envs, s.slot),
         )
         picked = free if num_envs is None else leases_mod.pick(free, num_envs)
         if not picked:

@@ -13,6 +13,9 @@ in-process for ``envpool run``) and:
   its envs' constructors, within ``startTimeoutSeconds``) is killed and replaced, with
   exponential backoff and at most ``maxRestarts`` consecutive failures; trainers
   report the failures they see and wait for the replacement (one owner of restarts);
+* rolls a new actor build (env, runtimeEnv, envsPerActor, actor settings) through the
+  running pool: free actors are rebuilt in place, at most ``updateStrategy.maxUnavailable``
+  envs at a time, a leased one only once its lease ends (:mod:`remote_env.pool.rollout`);
 * scales to ``spec.replicas`` without touching surviving actors: new actors are
   added, and scaling down removes free (un-leased) actors only, newest first (a
   free actor is cut to a smaller one only when no whole actor fits the excess);
@@ -236,7 +239,8 @@ class PoolServer:
             self._spec_asked += 1
 
     def wait_ready(self, timeout: float = 120.0) -> dict[str, Any]:
-        """Wait until every desired env is ready; returns the status.
+        """Wait until every desired env is ready, every free one of the spec's revision;
+        returns the status.
 
         Raises:
             TimeoutError: with the last status, when they are not ready in time.
@@ -244,9 +248,11 @@ class PoolServer:
         deadline = time.monotonic() + timeout
         while True:
             st = self.status()
+            # a rollout's leased actors wait for their trainers: not for us to wait on
             if (st["specVersion"] == self._spec_asked
                     and st["readyEnvs"] == st["totalEnvs"] == st["desiredEnvs"]
-                    and st["actors"] == st["readyActors"]):
+                    and st["actors"] == st["readyActors"]
+                    and st["outdatedEnvs"] == st["outdatedLeasedEnvs"]):
                 return st
             if time.monotonic() >= deadline:
                 raise TimeoutError(
@@ -353,7 +359,8 @@ class PoolServer:
     def _pool_info(self) -> dict[str, Any]:
         """What trainers need to drive the pool's actors like their own: the spec itself
         (as a document, which :func:`remote_env.spec.parse_manifest` reads back)."""
-        return {"signature": slot.signature(self.spec), "document": self.spec.to_document()}
+        return {"signature": slot.signature(self.spec), "revision": self.spec.revision(),
+                "document": self.spec.to_document()}
 
     def _update_snapshot(self, now: float) -> None:
         snap = status_mod.snapshot(
@@ -373,6 +380,7 @@ class PoolServer:
     def _gauges(self) -> dict[str, float]:
         st = self.status()
         return {"desired": st.get("desiredEnvs", 0), "leased": st.get("leasedEnvs", 0),
-                "free": st.get("freeEnvs", 0), "leases": len(st.get("leases", []))}
+                "free": st.get("freeEnvs", 0), "leases": len(st.get("leases", [])),
+                "outdated": st.get("outdatedEnvs", 0)}
 
 

@@ -31,6 +31,8 @@ class SlotInfo:
     last_error: str = ""
     #: consecutive failures (the restart streak): a restarted pool server goes on counting
     streak: int = 0
+    #: the spec revision the actor was built from (``PoolSpec.revision``; "": unknown)
+    revision: str = ""
 
 
 def host_name(slot: int, generation: int) -> str:
@@ -75,6 +77,8 @@ class Slot:
     after_failure: bool = False
     # False for an adopted actor the registry had no record of, until start() tells
     size_known: bool = True
+    # the spec revision its actor was built from: another one is rolled (rollout.plan)
+    revision: str = ""
 
     @property
     def name(self) -> str:
@@ -83,7 +87,7 @@ class Slot:
     def info(self) -> SlotInfo:
         return SlotInfo(
             self.slot, self.name, self.actor_id, self.num_envs, self.state, self.restarts,
-            self.node_id, self.last_error, self.streak.failures,
+            self.node_id, self.last_error, self.streak.failures, self.revision,
         )
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remote_env import spec as spec_mod
+from remote_env.pool import rollout
 from remote_env.pool.slot import Slot
 
 #: Most host names reported per list in ``status.pool``: a scale-down removes a few
@@ -18,7 +19,8 @@ from remote_env.pool.slot import Slot
 MAX_REPORTED_WORKERS = 100
 #: The keys of ``/status`` the operator reads (``status.pool`` of the EnvPool).
 POOL_REPORT_KEYS = ("readyEnvs", "leasedEnvs", "freeEnvs", "desiredEnvs", "restarts",
-                    "lastError", "updatedAt", "leasedWorkers", "freeWorkers")
+                    "lastError", "updatedAt", "leasedWorkers", "freeWorkers", "revision",
+                    "updatedEnvs", "outdatedEnvs", "outdatedLeasedEnvs")
 
 
 def now_iso() -> str:
@@ -54,6 +56,7 @@ def snapshot(spec: spec_mod.PoolSpec, *, ray_namespace: str, slots: Sequence[Slo
     # What a trainer can lease right now: ready and nobody's (the autoscaler's buffer).
     free_envs = sum(s.num_envs for s in slots if s.state == "ready" and s.slot not in leased)
     leased_workers, free_workers = workers(slots, leased, hosts)
+    roll = rollout.progress(slots, spec.revision(), leased)
     return {
         "pool": spec.name,
         "namespace": spec.namespace,
@@ -74,11 +77,17 @@ def snapshot(spec: spec_mod.PoolSpec, *, ray_namespace: str, slots: Sequence[Slo
         "updatedAt": now_iso(),
         "healthy": healthy,
         "specVersion": spec_version,
+        # the rollout of a new actor build (rollout.py): done when nothing is outdated
+        "revision": roll.revision,
+        "updatedEnvs": roll.updated_envs,
+        "outdatedEnvs": roll.outdated_envs,
+        "outdatedLeasedEnvs": roll.outdated_leased_envs,
         "spec": {"replicas": spec.replicas, "envsPerActor": spec.envs_per_actor,
                  "suspend": spec.suspend},
         "slots": [
             {"slot": s.slot, "name": s.name, "actorId": s.actor_id, "envs": s.num_envs,
              "state": s.state, "restarts": s.restarts, "nodeId": s.node_id,
+             "revision": s.revision,
              "leasedBy": trainers.get(leased.get(s.slot, "")),
              "lastError": s.last_error}
             for s in slots

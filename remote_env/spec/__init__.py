@@ -43,6 +43,7 @@ from remote_env.spec.model import (
     PoolSpec,
     RaySpec,
     Resources,
+    UpdateStrategy,
     WorkerSpec,
 )
 from remote_env.spec.parse import load, loads, parse_manifest, parse_spec
@@ -52,6 +53,6 @@ __all__ = [
     "DEFAULT_ENVS_PER_WORKER", "DEFAULT_MAX_RESTARTS", "DEFAULT_METRICS_PORT",
     "DEFAULT_RAY_VERSION", "ENV_RESOURCE", "GROUP", "KIND", "MAX_NAME_LENGTH", "MAX_REPLICAS",
     "PLURAL", "RAY_PORTS", "VERSION", "Autoscaling", "EnvSpec", "FaultTolerance", "HeadSpec", "Limits",
-    "PoolSpec", "RaySpec", "Resources", "SpecError", "WorkerSpec", "load", "loads",
+    "PoolSpec", "RaySpec", "Resources", "SpecError", "UpdateStrategy", "WorkerSpec", "load", "loads",
     "parse_manifest", "parse_quantity", "parse_spec", "ray_namespace",
 ]

@@ -57,6 +57,21 @@ MAX_ENV_FROM_SECRETS: Final = 16
 MAX_SECRET_NAME_LENGTH: Final = 253
 SECRET_NAME_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
+#: ``spec.updateStrategy.maxUnavailable`` when unset: Deployment's default.
+DEFAULT_MAX_UNAVAILABLE: Final = "25%"
+#: ``spec.updateStrategy.leasedActors``: what a rollout does with a leased outdated actor.
+#: WaitForRelease: nothing until its lease ends (a trainer is never cut off).
+#: ReplaceAfterGrace: rebuilt ``leasedGraceSeconds`` after the rollout reached it, lease or
+#: not (its trainer sees those envs fail once and steps the new ones).
+LEASED_ACTOR_POLICIES: Final = ("WaitForRelease", "ReplaceAfterGrace")
+DEFAULT_LEASED_GRACE_SECONDS: Final = 600
+#: A percentage form of ``maxUnavailable`` (the range, 1-100, is checked apart).
+PERCENT_RE: Final = re.compile(r"^(0|[1-9][0-9]*)%$")
+#: The CRD's CEL message (a test compares them); the model says which part was wrong.
+MAX_UNAVAILABLE_MESSAGE: Final = (
+    "updateStrategy.maxUnavailable must be an integer >= 1 or a percentage from 1% to 100% "
+    "(envs out of service at once while a new env spec rolls out)")
+
 NAME_RE: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _IDENT: Final = r"[A-Za-z_][A-Za-z0-9_]*"
 ENTRYPOINT_RE: Final = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
@@ -117,13 +132,17 @@ FIELDS: Final[dict[str, Field]] = {
     "spec.autoscaling.bufferPercent": Field("integer", minimum=1, maximum=99),
     #: HPA's default scale-down stabilization window.
     "spec.autoscaling.scaleDownDelaySeconds": Field("integer", 300, 0, 86_400),
+    # No schema defaults under updateStrategy (see the CRD): the model's apply.
+    "spec.updateStrategy.leasedActors": Field("string", enum=LEASED_ACTOR_POLICIES),
+    "spec.updateStrategy.leasedGraceSeconds": Field("integer", minimum=0, maximum=7 * 86_400),
 }
 
 #: The fields of each object of ``spec`` (``resources`` and ``toleration`` stand for
 #: every resources block and every item of ``tolerations``).
 OBJECTS: Final[dict[str, tuple[str, ...]]] = {
     "spec": ("env", "replicas", "envsPerActor", "threadsPerActor", "batchWaitMs",
-             "autoresetMode", "faultTolerance", "ray", "metrics", "suspend", "autoscaling"),
+             "autoresetMode", "faultTolerance", "ray", "metrics", "suspend", "autoscaling",
+             "updateStrategy"),
     "spec.env": ("id", "entrypoint", "kwargs", "multiAgent"),
     "spec.faultTolerance": ("restartFailedEnvs", "stepTimeoutSeconds", "startTimeoutSeconds",
                             "maxRestarts", "restartBackoffSeconds"),
@@ -134,6 +153,7 @@ OBJECTS: Final[dict[str, tuple[str, ...]]] = {
     "spec.metrics": ("port",),
     "spec.autoscaling": ("minReplicas", "maxReplicas", "bufferEnvs", "bufferPercent",
                          "scaleDownDelaySeconds"),
+    "spec.updateStrategy": ("maxUnavailable", "leasedActors", "leasedGraceSeconds"),
     "resources": ("requests", "limits"),
     "toleration": ("key", "operator", "value", "effect", "tolerationSeconds"),
 }

@@ -7,6 +7,8 @@ build) and the pool server (what to run). Stdlib only.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -130,6 +132,47 @@ class Autoscaling:
 
 
 @dataclasses.dataclass(frozen=True)
+class UpdateStrategy:
+    """``spec.updateStrategy``: how a change of the actors' build rolls through the pool.
+
+    The pool server replaces free actors of an older revision in place (same Ray
+    pods), keeping at most ``max_unavailable`` envs out of service at once; a leased
+    actor waits until its lease ends. Deployment's ``maxUnavailable``, without surge:
+    the pool's pods are sized for ``replicas``.
+    """
+
+    #: An env count (int >= 1) or a share of ``replicas`` (``"25%"``, rounded down).
+    max_unavailable: int | str = fields.DEFAULT_MAX_UNAVAILABLE
+    #: ``WaitForRelease`` or ``ReplaceAfterGrace`` (:data:`fields.LEASED_ACTOR_POLICIES`).
+    leased_actors: str = fields.LEASED_ACTOR_POLICIES[0]
+    #: With ``ReplaceAfterGrace``: how long a leased outdated actor is left to its trainer.
+    leased_grace_seconds: int = fields.DEFAULT_LEASED_GRACE_SECONDS
+
+    @property
+    def leased_grace(self) -> float | None:
+        """Seconds after which a leased outdated actor is rebuilt anyway (None: never)."""
+        return float(self.leased_grace_seconds) if self.leased_actors == "ReplaceAfterGrace" \
+            else None
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"maxUnavailable": self.max_unavailable, "leasedActors": self.leased_actors,
+                "leasedGraceSeconds": self.leased_grace_seconds}
+
+    def max_unavailable_envs(self, replicas: int) -> int:
+        """``max_unavailable`` in envs for a pool of ``replicas`` (a percentage rounds
+        down, as a Deployment's does; 0 still lets one actor at a time through).
+
+            >>> UpdateStrategy("25%").max_unavailable_envs(10), UpdateStrategy(3).max_unavailable_envs(10)
+            (2, 3)
+        """
+        if isinstance(self.max_unavailable, int):
+            return self.max_unavailable
+        m = fields.PERCENT_RE.match(self.max_unavailable)
+        assert m is not None  # the parser guarantees the form
+        return replicas * int(m.group(1)) // 100
+
+
+@dataclasses.dataclass(frozen=True)
 class PoolSpec:
     """A validated EnvPool spec with every default filled in."""
 
@@ -147,6 +190,7 @@ class PoolSpec:
     suspend: bool
     #: None: a fixed size (``replicas``, changed by hand or by an HPA).
     autoscaling: Autoscaling | None = None
+    update_strategy: UpdateStrategy = UpdateStrategy()
 
     @property
     def desired_envs(self) -> int:
@@ -194,6 +238,17 @@ class PoolSpec:
             "runtimeEnv": dict(self.ray.runtime_env),
         }
 
+    def revision(self) -> str:
+        """A short hash of how the pool's actors are built (:meth:`host_signature` and
+        ``envsPerActor``): actors of another revision are rolled, a few at a time.
+
+        The pool server stamps each actor with it; the operator compares it with the
+        one the pool server reports to tell whether a rollout is done.
+        """
+        material = {**self.host_signature(), "envsPerActor": self.envs_per_actor}
+        blob = json.dumps(material, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
     def to_manifest(self) -> dict[str, Any]:
         """The spec back in CRD (camelCase) form, defaults included."""
         env: dict[str, Any] = {"kwargs": dict(self.env.kwargs), "multiAgent": self.env.multi_agent}
@@ -238,6 +293,9 @@ class PoolSpec:
             "metrics": {"port": self.metrics_port},
             "suspend": self.suspend,
             **({"autoscaling": self.autoscaling.to_manifest()} if self.autoscaling else {}),
+            # left out at its default, so the ConfigMap stays readable by an older pool server
+            **({"updateStrategy": self.update_strategy.to_manifest()}
+               if self.update_strategy != UpdateStrategy() else {}),
         }
 
     def to_document(self) -> dict[str, Any]:

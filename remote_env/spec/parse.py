@@ -195,6 +195,38 @@ def _parse_autoscaling(c: checker.Checker, raw: Any) -> model.Autoscaling | None
     )
 
 
+def _parse_update_strategy(c: checker.Checker, raw: Any) -> model.UpdateStrategy:
+    path = "spec.updateStrategy"
+    strategy = c.mapping(raw, path)
+    c.known(strategy, path)
+    leased_actors = c.string(strategy, f"{path}.leasedActors") or \
+        fields.LEASED_ACTOR_POLICIES[0]
+    grace = c.integer(strategy, f"{path}.leasedGraceSeconds",
+                      fields.DEFAULT_LEASED_GRACE_SECONDS)
+    where = f"{path}.maxUnavailable"
+    got = strategy.get("maxUnavailable", fields.DEFAULT_MAX_UNAVAILABLE)
+    max_unavailable: int | str = fields.DEFAULT_MAX_UNAVAILABLE
+    if isinstance(got, bool) or not isinstance(got, (int, str)):
+        c.fail(where, f"expected an integer >= 1 or a percentage such as '25%', got {got!r}")
+    elif isinstance(got, int):
+        if not 1 <= got <= fields.MAX_REPLICAS:
+            # No surge (the pods are sized for replicas): 0 would never replace an actor.
+            c.fail(where, f"an env count must be in [1, {fields.MAX_REPLICAS}] (0 would never "
+                          f"replace an actor: the pool adds none beside the old), got {got}")
+        else:
+            max_unavailable = got
+    else:
+        m = fields.PERCENT_RE.match(got)
+        if m is None:
+            c.fail(where, f"expected an integer >= 1 or a percentage such as '25%' (digits "
+                          f"then %), got {got!r}")
+        elif not 1 <= int(m.group(1)) <= 100:
+            c.fail(where, f"a percentage must be in [1%, 100%] (of replicas), got {got!r}")
+        else:
+            max_unavailable = got
+    return model.UpdateStrategy(max_unavailable, leased_actors, grace)
+
+
 def parse_spec(
     spec: Mapping[str, Any], *, name: str, namespace: str = "default",
     limits: model.Limits | None = None,
@@ -261,6 +293,7 @@ def parse_spec(
         metrics_port=port,
         suspend=c.boolean(spec, "spec.suspend"),
         autoscaling=autoscaling,
+        update_strategy=_parse_update_strategy(c, spec.get("updateStrategy")),
     )
     if not c.errors and pool.desired_workers > limits.max_workers:
         c.fail("spec.replicas",

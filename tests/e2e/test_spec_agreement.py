@@ -46,6 +46,12 @@ GOOD: list[tuple[str, str, dict[str, Any]]] = [
                                                     "bufferEnvs": 8})),
     ("autoscaling-percent", "good", _spec(autoscaling={
         "maxReplicas": 64, "bufferPercent": 20, "scaleDownDelaySeconds": 0}, envsPerActor=1)),
+    ("max-unavailable-int", "good", _spec(updateStrategy={"maxUnavailable": 1})),
+    ("max-unavailable-percent", "good", _spec(updateStrategy={"maxUnavailable": "25%"})),
+    ("max-unavailable-100", "good", _spec(updateStrategy={"maxUnavailable": "100%"})),
+    ("update-strategy-empty", "good", _spec(updateStrategy={})),
+    ("replace-after-grace", "good", _spec(updateStrategy={
+        "leasedActors": "ReplaceAfterGrace", "leasedGraceSeconds": 0})),
 ]
 
 #: Everything test_operator_spec.py, test_pool_spec.py and test_operator_crd.py refuse.
@@ -114,6 +120,19 @@ BAD: list[tuple[str, str, dict[str, Any]]] = [
         "maxReplicas": 64, "bufferEnvs": 8, "cooldown": 30})),
     ("autoscaling-delay-negative", "bad", _spec(autoscaling={
         "maxReplicas": 64, "bufferEnvs": 8, "scaleDownDelaySeconds": -1})),
+    ("max-unavailable-0", "bad", _spec(updateStrategy={"maxUnavailable": 0})),
+    ("max-unavailable-negative", "bad", _spec(updateStrategy={"maxUnavailable": -1})),
+    ("max-unavailable-too-many", "bad", _spec(updateStrategy={"maxUnavailable": 100_001})),
+    ("max-unavailable-0-percent", "bad", _spec(updateStrategy={"maxUnavailable": "0%"})),
+    ("max-unavailable-over-100", "bad", _spec(updateStrategy={"maxUnavailable": "150%"})),
+    ("max-unavailable-negative-percent", "bad", _spec(updateStrategy={"maxUnavailable": "-5%"})),
+    ("max-unavailable-digits-string", "bad", _spec(updateStrategy={"maxUnavailable": "5"})),
+    ("max-unavailable-words", "bad", _spec(updateStrategy={"maxUnavailable": "abc"})),
+    ("max-unavailable-float", "bad", _spec(updateStrategy={"maxUnavailable": 2.5})),
+    ("update-strategy-unknown-field", "bad", _spec(updateStrategy={"maxSurge": 1})),
+    ("leased-actors-unknown", "bad", _spec(updateStrategy={"leasedActors": "Now"})),
+    ("leased-grace-negative", "bad", _spec(updateStrategy={"leasedGraceSeconds": -1})),
+    ("leased-grace-string", "bad", _spec(updateStrategy={"leasedGraceSeconds": "60"})),
     ("name-41", "a" * 41, _spec()),
     ("name-upper", "Upper", _spec()),
     ("name-digit", "1starts-with-digit", _spec()),

@@ -247,6 +247,12 @@ def _hash(**over: Any) -> str:
         {"autoresetMode": "SameStep"},
         {"faultTolerance": {"maxRestarts": 3}},
         {"suspend": True},
+        # the pool server rolls these through the running pods (issue 32)
+        {"ray": {"runtimeEnv": {"pip": ["numpy"]}}},
+        {"env": {"id": "Acrobot-v1"}},
+        {"env": {"id": "CartPole-v1", "kwargs": {"render_mode": "rgb_array"}}},
+        {"threadsPerActor": 2},
+        {"updateStrategy": {"maxUnavailable": 1}},
     ],
 )
 def test_hash_ignores_what_the_running_pool_can_absorb(over: dict[str, Any]) -> None:
@@ -260,14 +266,26 @@ def test_hash_ignores_what_the_running_pool_can_absorb(over: dict[str, Any]) -> 
         {"ray": {"version": "2.61.0"}},
         {"ray": {"worker": {"resources": {"requests": {"cpu": "8"}}}}},
         {"ray": {"worker": {"envsPerWorker": 32}}},
-        {"ray": {"runtimeEnv": {"pip": ["numpy"]}}},
-        {"env": {"id": "Acrobot-v1"}},
-        {"env": {"id": "CartPole-v1", "kwargs": {"render_mode": "rgb_array"}}},
         {"metrics": {"port": 9000}},
     ],
 )
 def test_hash_changes_for_what_needs_new_pods(over: dict[str, Any]) -> None:
     assert _hash(**over) != _hash()
+
+
+def test_an_env_change_reaches_the_pool_server_through_the_config_map_only() -> None:
+    # same RayCluster (no pod recreated), a ConfigMap with the new env and revision
+    old, new = _pool(), _pool(env={"id": "Acrobot-v1"}, ray={"runtimeEnv": {"env_vars": {"A": "1"}}})
+    assert builders.build_ray_cluster(old, SETTINGS) == builders.build_ray_cluster(new, SETTINGS)
+    doc = yaml.safe_load(builders.build_config_map(new)["data"][names.CONFIG_KEY])
+    assert doc["spec"]["env"]["id"] == "Acrobot-v1"
+    assert doc["spec"]["ray"]["runtimeEnv"] == {"env_vars": {"A": "1"}}
+    assert "updateStrategy" not in doc["spec"]  # the default: an older pool server reads it too
+    assert spec.parse_manifest(doc).revision() == new.revision() != old.revision()
+    set_ = _pool(updateStrategy={"maxUnavailable": 3})
+    doc = yaml.safe_load(builders.build_config_map(set_)["data"][names.CONFIG_KEY])
+    assert doc["spec"]["updateStrategy"] == {"maxUnavailable": 3, "leasedActors": "WaitForRelease",
+                                             "leasedGraceSeconds": 600}
 
 
 def test_hash_is_on_cluster_and_pod_templates() -> None:

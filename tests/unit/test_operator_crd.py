@@ -234,3 +234,39 @@ def test_example_specifics() -> None:
     slow = load("entrypoint-runtime-env")
     assert slow.ray.runtime_env["env_vars"] and slow.threads_per_actor == slow.envs_per_actor == 4
     assert load("suspended").suspend is True
+
+
+def test_update_strategy_schema_agrees_with_the_model(crd: dict[str, Any]) -> None:
+    node = _spec_schema(crd)["properties"]["updateStrategy"]
+    # no schema default: EnvPools that do not set it stay readable by older operators
+    # and pool servers (the model's default applies)
+    assert "default" not in node
+    mu = node["properties"]["maxUnavailable"]
+    assert mu["x-kubernetes-int-or-string"] is True and "type" not in mu
+    assert "default" not in mu and f'Default "{spec.fields.DEFAULT_MAX_UNAVAILABLE}"' in \
+        mu["description"]
+    (rule,) = mu["x-kubernetes-validations"]
+    assert rule["message"] == spec.fields.MAX_UNAVAILABLE_MESSAGE
+    assert f"self <= {spec.MAX_REPLICAS}" in rule["rule"]
+    # the CEL pattern takes the percentages the model takes, and no other
+    import re
+
+    pattern = re.search(r"matches\('([^']+)'\)", rule["rule"])
+    assert pattern is not None
+    for text in ("1%", "25%", "99%", "100%", "0%", "101%", "5", "-5%", "05%"):
+        model_ok = True
+        try:
+            spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4,
+                             "updateStrategy": {"maxUnavailable": text}}, name="cp")
+        except spec.SpecError:
+            model_ok = False
+        assert bool(re.match(pattern.group(1), text)) == model_ok, text
+
+
+def test_rollout_printer_columns(crd: dict[str, Any]) -> None:
+    cols = {c["name"]: c for c in _version(crd)["additionalPrinterColumns"]}
+    assert cols["Updated"]["jsonPath"] == ".status.updatedEnvs"
+    assert cols["Outdated"]["jsonPath"] == ".status.outdatedEnvs"
+    assert cols["Revision"]["jsonPath"] == ".status.revision"
+    status_props = _version(crd)["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert {"revision", "updatedEnvs", "outdatedEnvs"} <= set(status_props)

@@ -43,9 +43,13 @@ def _rc(pool: spec.PoolSpec, *, head_ready: bool = True, ready_workers: int | No
 
 
 def _report(ready: int, desired: int = 16, *, at: datetime.datetime = NOW,
-            error: str | None = None) -> dict[str, Any]:
+            error: str | None = None, revision: str | None = None,
+            outdated: int = 0, outdated_leased: int = 0) -> dict[str, Any]:
     rep: dict[str, Any] = {"readyEnvs": ready, "desiredEnvs": desired, "restarts": 0,
-                           "updatedAt": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+                           "updatedAt": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                           "revision": revision or _pool().revision(),
+                           "updatedEnvs": ready - outdated, "outdatedEnvs": outdated,
+                           "outdatedLeasedEnvs": outdated_leased}
     if error:
         rep["lastError"] = error
     return rep
@@ -301,3 +305,42 @@ def test_leased_and_free_come_from_a_fresh_report_only() -> None:
     # None: the merge patch removes them, so kubectl shows no lease count it cannot trust
     assert (st["leasedEnvs"], st["freeEnvs"]) == (None, None)
     assert _compute(pool, _rc(pool), _report(16))["leasedEnvs"] is None  # an older server
+
+
+def test_rollout_complete_when_every_env_runs_the_spec_revision() -> None:
+    pool = _pool()
+    st = _compute(pool, _rc(pool), _report(16))
+    c = _cond(st, "RolloutComplete")
+    assert (c["status"], c["reason"]) == ("True", "Updated")
+    assert (st["revision"], st["updatedEnvs"], st["outdatedEnvs"]) == (pool.revision(), 16, 0)
+
+
+def test_rollout_in_progress_names_the_outdated_and_leased_envs() -> None:
+    pool = _pool()
+    st = _compute(pool, _rc(pool), _report(16, outdated=6, outdated_leased=4))
+    c = _cond(st, "RolloutComplete")
+    assert (c["status"], c["reason"]) == ("False", "RollingOut")
+    assert "10/16 envs at revision" in c["message"] and "4 of them leased" in c["message"]
+    assert (st["updatedEnvs"], st["outdatedEnvs"]) == (10, 6)
+    assert st["phase"] == "Ready"  # old envs still serve: a rollout is no outage
+
+
+def test_rollout_pending_until_the_pool_server_takes_the_new_spec() -> None:
+    old, new = _pool(), _pool(env={"id": "Acrobot-v1"})
+    # the pool server still reports the old revision with nothing outdated: not done
+    st = _compute(new, _rc(new), _report(16, revision=old.revision()))
+    c = _cond(st, "RolloutComplete")
+    assert (c["status"], c["reason"]) == ("False", "SpecPending")
+    assert new.revision() in c["message"]
+    # an env change needs no new pods: same cluster hash, so no "Rolling" RayCluster
+    assert builders.cluster_hash(old, SETTINGS) == builders.cluster_hash(new, SETTINGS)
+
+
+def test_rollout_unknown_without_a_report_or_a_revision() -> None:
+    pool = _pool()
+    assert _cond(_compute(pool, _rc(pool)), "RolloutComplete")["status"] == "Unknown"
+    report = _report(16)
+    del report["revision"]
+    st = _compute(pool, _rc(pool), report)
+    assert _cond(st, "RolloutComplete")["reason"] == "NoRevision"
+    assert st["revision"] is None and st["outdatedEnvs"] is None

@@ -304,3 +304,13 @@ def test_scale_down_plans_whole_free_actors_newest_first_then_a_cut() -> None:
     remove, cut, by = plan_scale_down(slots, 5, leased={2: "x", 1: "y"})
     assert ([s.slot for s in remove], cut is not None and cut.slot, by) == ([3], 0, 3)
     assert plan_scale_down(slots, 4, leased={0: "a", 1: "b", 2: "c", 3: "d"}) == ([], None, 0)
+
+
+def test_during_a_rollout_actors_of_the_new_revision_are_leased_first() -> None:
+    # an old actor leased now would run the old env until the lease ends
+    slots = [SlotInfo(i, f"host-{i:05d}-g1", f"id{i}-1", 2, "ready",  # type: ignore[arg-type]
+                      revision="new" if i in (1, 3) else "old") for i in range(4)]
+    reg = PoolRegistry("p", clock=Clock(), fencer=Fences(), epoch_clock=lambda: 5)
+    reg.server_sync(slots, {"signature": "s", "revision": "new"}, timeout=0)
+    assert [s.slot for s in reg.acquire("a", 4, ttl_s=10)["slots"]] == [1, 3]
+    assert [s.slot for s in reg.acquire("b", 2, ttl_s=10)["slots"]] == [0]

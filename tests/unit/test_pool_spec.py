@@ -147,3 +147,86 @@ def test_host_signature_changes_only_with_what_actors_are_built_from() -> None:
         _doc(autoresetMode="SameStep")).host_signature()
     assert base.host_signature() != spec.parse_manifest(
         _doc(threadsPerActor=4)).host_signature()
+
+
+# ------------------------------------------------------------ updateStrategy (issue 32)
+def _with_strategy(max_unavailable: Any) -> spec.PoolSpec:
+    return spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 10,
+                            "updateStrategy": {"maxUnavailable": max_unavailable}}, name="cp")
+
+
+def test_update_strategy_defaults_to_a_quarter_rounded_down() -> None:
+    pool = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 10}, name="cp")
+    assert pool.update_strategy.max_unavailable == "25%"
+    assert pool.update_strategy.max_unavailable_envs(pool.replicas) == 2
+    assert "updateStrategy" not in pool.to_manifest()  # older pool servers read it too
+
+
+@pytest.mark.parametrize(("given", "envs"), [(1, 1), (3, 3), ("1%", 0), ("50%", 5), ("100%", 10)])
+def test_update_strategy_accepts_counts_and_percentages(given: Any, envs: int) -> None:
+    pool = _with_strategy(given)
+    assert pool.update_strategy.max_unavailable == given
+    assert pool.update_strategy.max_unavailable_envs(10) == envs
+    assert spec.parse_manifest(pool.to_document()) == pool  # round trip (the ConfigMap)
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    (-1, "an env count must be in [1, 100000]"),
+    (0, "0 would never replace an actor"),
+    ("0%", "a percentage must be in [1%, 100%]"),
+    ("150%", "a percentage must be in [1%, 100%] (of replicas), got '150%'"),
+    ("-5%", "expected an integer >= 1 or a percentage such as '25%'"),
+    ("5", "(digits then %), got '5'"),
+    ("abc", "got 'abc'"),
+    ("25 %", "got '25 %'"),
+    (2.5, "got 2.5"),
+    (True, "got True"),
+])
+def test_update_strategy_rejects_bad_input_clearly(given: Any, says: str) -> None:
+    with pytest.raises(spec.SpecError) as err:
+        _with_strategy(given)
+    (message,) = err.value.errors
+    assert message.startswith("spec.updateStrategy.maxUnavailable: "), message
+    assert says in message, message
+
+
+def test_update_strategy_unknown_field_is_named() -> None:
+    with pytest.raises(spec.SpecError, match=r"spec.updateStrategy.maxSurge: unknown field"):
+        spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4,
+                         "updateStrategy": {"maxSurge": 1}}, name="cp")
+
+
+def test_revision_follows_the_actor_build_only() -> None:
+    base = {"env": {"id": "CartPole-v1"}, "replicas": 16, "envsPerActor": 4}
+    rev = spec.parse_spec(base, name="cp").revision()
+    for same in ({"replicas": 32}, {"batchWaitMs": 9}, {"suspend": True},
+                 {"updateStrategy": {"maxUnavailable": 1}}, {"ray": {"image": "x:1"}}):
+        assert spec.parse_spec({**base, **same}, name="cp").revision() == rev, same
+    for other in ({"env": {"id": "Acrobot-v1"}}, {"envsPerActor": 8},
+                  {"ray": {"runtimeEnv": {"env_vars": {"A": "1"}}}}, {"threadsPerActor": 2}):
+        assert spec.parse_spec({**base, **other}, name="cp").revision() != rev, other
+
+
+def test_leased_actor_policy_defaults_to_waiting_for_release() -> None:
+    pool = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4}, name="cp")
+    assert pool.update_strategy.leased_actors == "WaitForRelease"
+    assert pool.update_strategy.leased_grace is None
+    pool = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4, "updateStrategy": {
+        "leasedActors": "ReplaceAfterGrace", "leasedGraceSeconds": 30}}, name="cp")
+    assert pool.update_strategy.leased_grace == 30.0
+    assert spec.parse_manifest(pool.to_document()) == pool
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ({"leasedActors": "Now"}, "spec.updateStrategy.leasedActors: expected one of "
+                              "WaitForRelease, ReplaceAfterGrace, got 'Now'"),
+    ({"leasedGraceSeconds": -1}, "spec.updateStrategy.leasedGraceSeconds: must be in "
+                                 "[0, 604800], got -1"),
+    ({"leasedGraceSeconds": "60"}, "spec.updateStrategy.leasedGraceSeconds: expected an "
+                                   "integer in [0, 604800], got '60'"),
+])
+def test_leased_actor_policy_rejects_bad_input(given: dict[str, Any], says: str) -> None:
+    with pytest.raises(spec.SpecError) as err:
+        spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4, "updateStrategy": given},
+                        name="cp")
+    assert err.value.errors == [says]

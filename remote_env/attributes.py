@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from remote_env import channel
+from remote_env import channel, interrupts
 from remote_env.calls import CallLoop
 
 
@@ -55,10 +55,18 @@ class EnvAttributes(CallLoop):
         self._on_each_host("set_attr", name, lambda h: [values[int(e)] for e in h.env_ids])
 
     def _on_each_host(self, method: str, name: str, *rest: Any) -> list[Any]:
+        # an interrupt lands only in a wait: the replies not taken then are matched to
+        # their own calls by id and dropped, never read as another call's
+        with interrupts.deferred():
+            return self._on_each_host_now(method, name, *rest)
+
+    def _on_each_host_now(self, method: str, name: str, *rest: Any) -> list[Any]:
         self._check_open()
         while any(not h.up and h.broken is None for h in self._hosts):
             wake = self._advance()  # a replacement still due: wait for it
-            time.sleep(0.0 if wake is None else min(max(wake - time.perf_counter(), 0.0), 0.05))
+            with interrupts.interruptible():
+                time.sleep(0.0 if wake is None
+                           else min(max(wake - time.perf_counter(), 0.0), 0.05))
         refs = []
         for h in self._hosts:
             args = [r(h) if callable(r) else r for r in rest]

@@ -163,6 +163,8 @@ class FaultHandling(ActorSet):
         holds even without step_timeout_s: a replacement that cannot be placed (no node
         with its resources) must not block the driver forever."""
         if call.starting:
+            if self.start_timeout_s is None:  # no limit on starting: none at all
+                return None
             return call.sent + (self.step_timeout_s or 0.0) + self.start_timeout_s
         if self.step_timeout_s is None:
             return None

@@ -21,10 +21,8 @@ operations are not deferred (nothing can interrupt them).
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
-from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -69,20 +67,27 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-@contextlib.contextmanager
-def deferred() -> Iterator[None]:
+class _Operation:
+    """``with deferred():`` (a class, not a generator: it runs on every recv and send)."""
+
+    __slots__ = ("active",)
+
+    def __enter__(self) -> None:
+        self.active = _main_thread() and _install()
+        if self.active:
+            _D.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            _D.depth -= 1
+            if _D.depth == 0:
+                _D.waiting = False
+                take_pending()
+
+
+def deferred() -> _Operation:
     """An operation: SIGINT is held until an interruptible wait or the end."""
-    if not _main_thread() or not _install():
-        yield
-        return
-    _D.depth += 1
-    try:
-        yield
-    finally:
-        _D.depth -= 1
-        if _D.depth == 0:
-            _D.waiting = False
-            take_pending()
+    return _Operation()
 
 
 def pending() -> bool:
@@ -97,15 +102,20 @@ def take_pending() -> None:
         _deliver(*held)
 
 
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
+class _Wait:
+    __slots__ = ("active",)
+
+    def __enter__(self) -> None:
+        self.active = _D.depth > 0 and not _D.waiting and _main_thread()
+        if self.active:
+            take_pending()
+            _D.waiting = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            _D.waiting = False
+
+
+def interruptible() -> _Wait:
     """A blocking wait during which nothing is half done: an interrupt is raised in it."""
-    if _D.depth == 0 or _D.waiting or not _main_thread():
-        yield
-        return
-    take_pending()
-    _D.waiting = True
-    try:
-        yield
-    finally:
-        _D.waiting = False
+    return _Wait()

@@ -8,11 +8,10 @@ and its place in gymnasium's call order before anything is sent.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import multiprocessing
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -30,6 +29,25 @@ class _State(enum.Enum):
     STEP = "step"  # step_async sent every env a step: step_wait() collects
     RECV = "recv"  # send()/async_reset(): recv() collects
     RESET = "reset"  # reset() is collecting; cut short, its calls are over
+
+
+class _Operation:
+    """``with env._operation():`` (a class, not a generator: it runs on every call)."""
+
+    __slots__ = ("env", "held")
+
+    def __init__(self, env: Stepping) -> None:
+        self.env = env
+        self.held = interrupts.deferred()
+
+    def __enter__(self) -> None:
+        self.held.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.env._settle()
+        finally:
+            self.held.__exit__(*exc)
 
 
 class Stepping(EnvAttributes):
@@ -55,15 +73,10 @@ class Stepping(EnvAttributes):
     # an interrupt arrives before it returns (see _settle)
     _handed: tuple[Batches, _State] | None = None
 
-    @contextlib.contextmanager
-    def _operation(self) -> Iterator[None]:
+    def _operation(self) -> _Operation:
         """One public call: interrupts held until its state is whole (raised in its
         waits, or at its end: :mod:`remote_env.interrupts`), and settled at its end."""
-        with interrupts.deferred():
-            try:
-                yield
-            finally:
-                self._settle()
+        return _Operation(self)
 
     def _settle(self) -> None:
         handed, self._handed = self._handed, None

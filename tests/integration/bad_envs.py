@@ -146,9 +146,19 @@ class ClosingEnv(gym.Wrapper[Any, Any, Any, Any]):
 class SlowEnv(gym.Wrapper[Any, Any, Any, Any]):
     """CartPole whose step takes ``step_s`` and reset ``reset_s`` (a slow simulator)."""
 
-    def __init__(self, step_s: float = 0.0, reset_s: float = 0.0) -> None:
+    def __init__(self, step_s: float = 0.0, reset_s: float = 0.0, init_s: float = 0.0) -> None:
+        import time
+
+        time.sleep(init_s)
         super().__init__(gym.make("CartPole-v1"))
         self.step_s, self.reset_s = step_s, reset_s
+
+    def pause(self, seconds: float) -> float:
+        """A slow method for ``call``."""
+        import time
+
+        time.sleep(seconds)
+        return seconds
 
     def reset(self, **kwargs: Any) -> Any:
         import time

@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from interrupting import Interrupter, interrupted
-from ray_checks import wait_for
+from ray_checks import alive_actor_ids, wait_for
 
 from remote_env import errors, examples
 from remote_env.vector import RemoteVectorEnv
@@ -237,6 +237,40 @@ def test_interrupts_while_large_replies_are_read_lose_and_desync_nothing(
         assert hits >= 3, "the interrupts never landed in a call"
     finally:
         envs.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_interrupted_call_is_over_and_the_next_call_gets_its_own_answer(
+        transport: str) -> None:
+    envs = RemoteVectorEnv([bad_envs.SlowEnv] * 2, envs_per_actor=2, transport=transport)
+    try:
+        envs.reset(seed=0)
+        assert interrupted(0.3, lambda: envs.call("pause", 1.5))
+        assert envs.call("pause", 0.01) == (0.01, 0.01)  # not the late 1.5s
+        envs.send(np.zeros(2, dtype=np.int64))
+        assert sorted(recv_all(envs, 2)) == [0, 1]
+    finally:
+        envs.close()
+
+
+def test_an_interrupted_construction_leaves_no_actor_behind() -> None:
+    before = alive_actor_ids()
+    slow = functools.partial(bad_envs.SlowEnv, 0.0, 0.0, 3.0)
+    assert interrupted(1.0, lambda: RemoteVectorEnv([slow] * 2, envs_per_actor=1))
+    wait_for(lambda: alive_actor_ids() <= before, what="the actors created so far gone")
+
+
+def test_an_interrupted_close_is_done_all_the_same(tmp_path: Any) -> None:
+    fns = [functools.partial(bad_envs.ClosingEnv, str(tmp_path / f"e{i}"), 3.0)
+           for i in range(2)]
+    before = alive_actor_ids()
+    envs = RemoteVectorEnv(fns, envs_per_actor=1)
+    assert interrupted(0.5, envs.close)
+    assert envs.closed
+    envs.close()  # idempotent
+    with pytest.raises(errors.ClosedEnvironmentError):
+        envs.reset()
+    wait_for(lambda: alive_actor_ids() <= before, what="the actors killed")
 
 
 # ---------------------------------------------- 4. a raising recv() drops nothing

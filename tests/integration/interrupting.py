@@ -40,6 +40,7 @@ class Interrupter:
         try:
             with self._lock:
                 self._running = False
+            self._timer.cancel()
             self._timer.join()
         except KeyboardInterrupt:  # sent just as fn returned: its result stands
             pass

@@ -221,16 +221,34 @@ def test_interrupts_while_large_replies_are_read_lose_and_desync_nothing(
             assert obs["big"][:, 0].tolist() == total.tolist()
             assert obs["big"][:, -1].tolist() == total.tolist()
             assert obs["t"].tolist() == [k + 1, k + 1]
-        # a send/recv loop with interrupts in recv, then recv(timeout=10) still returns
+        assert hits >= 3, "the interrupts never landed in a call"
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("transport", ["auto", "ray"])
+def test_interrupts_in_recv_of_large_replies_lose_and_desync_nothing(transport: str) -> None:
+    envs = RemoteVectorEnv([functools.partial(bad_envs.BigDictEnv, 64)] * 2, envs_per_actor=1,
+                           transport=transport)
+    try:
+        envs.reset(seed=[10, 20])
+        total = np.array([10.0, 20.0])
+        delays = [0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.12]
+        hits = 0
+        # a send/recv loop with interrupts in recv; recv(timeout=10) always returns
         for delay in delays:
             envs.send(np.zeros(2, dtype=np.int64))
             total += 1
             got: dict[int, Any] = {}
-            while len(got) < 2:
-                was, result = Interrupter(delay).run(lambda: envs.recv(timeout=10))
+            first = True
+            while len(got) < 2:  # Ctrl-C in the first recv() after each send
+                was, result = Interrupter(delay if first else 1e9).run(
+                    lambda: envs.recv(timeout=10))
                 hits += was
+                first = False
                 if not was:
                     for j, e in enumerate(result[4]["env_id"].tolist()):
+                        assert e not in got, f"env {e} returned twice"
                         got[e] = result[0]["big"][j][[0, -1]]
             for e in range(2):
                 assert got[e].tolist() == [total[e], total[e]]

@@ -199,6 +199,13 @@ class CallLoop(FaultHandling):
                 self._drop(key, call)
                 lost.append(exc)
                 continue
+            except Exception as exc:  # anything else is this call's error: left in flight
+                self._drop(key, call)  # it would fail every later wait the same way
+                ids = call.env_ids.tolist()
+                raised.append(errors.ResultError(
+                    ids[0], f"the result for sub-environments {ids} could not be handled: "
+                    f"{type(exc).__name__}: {exc}"))
+                continue
             del self._calls[key]
             if batch is None:  # its follow-up call holds these envs now
                 continue

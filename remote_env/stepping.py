@@ -45,7 +45,9 @@ class _Operation:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            self.env._settle()
+            kind = exc[0]
+            self.env._settle(interrupted=isinstance(kind, type)
+                             and issubclass(kind, KeyboardInterrupt))
         finally:
             self.held.__exit__(*exc)
 
@@ -78,11 +80,12 @@ class Stepping(EnvAttributes):
         waits, or at its end: :mod:`remote_env.interrupts`), and settled at its end."""
         return _Operation(self)
 
-    def _settle(self) -> None:
+    def _settle(self, *, interrupted: bool = False) -> None:
         handed, self._handed = self._handed, None
-        if handed is not None and interrupts.pending():
+        if handed is not None and (interrupted or interrupts.pending()):
             # interrupted while handing results out: they are put back and returned by
-            # the next step_wait()/recv(), never lost
+            # the next step_wait()/recv(), never lost (an error there ends the call: a
+            # result that cannot be assembled would fail every retry)
             batches, state = handed
             self._ready[:0] = batches
             for ids, _ in batches:

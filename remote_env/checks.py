@@ -187,30 +187,25 @@ def reset_mask(mask: Any, n: int) -> np.ndarray:
     return mask
 
 
-def _by_id(actions: Mapping[Any, Any], ids: np.ndarray) -> list[Any]:
-    """Each env's action from a dict keyed by env id (int or, as ``action_space.sample()``
-    gives, str): the action follows the id, not the dict's order. A dict keyed otherwise
-    is taken in its own order, as before."""
-    out = []
-    for e in ids.tolist():
-        if e in actions:
-            out.append(actions[e])
-        elif str(e) in actions:
-            out.append(actions[str(e)])
-        else:
-            return list(actions.values())
-    return out
-
-
-def multi_agent_actions(actions: Any, ids: np.ndarray) -> list[Any]:
+def multi_agent_actions(actions: Any, n: int, ids: np.ndarray | None = None) -> list[Any]:
     # a dict keyed by env id (as action_space.sample() gives) or a list in send order
-    n = len(ids)
     if not isinstance(actions, (Mapping, list, tuple)):
         raise TypeError(
             f"multi-agent actions must be a dict keyed by env id or a list of {n} per-agent "
             f"action dicts, got {type(actions).__name__}"
         )
-    acts = _by_id(actions, ids) if isinstance(actions, Mapping) else list(actions)
+    acts = list(actions.values()) if isinstance(actions, Mapping) else list(actions)
+    if isinstance(actions, Mapping) and ids is not None and len(actions) == n:
+        # by key, not by the dict's order: env 10's action must not go to env 2
+        keys = ids.tolist()
+        if not all(k in actions for k in keys):
+            keys = [str(k) for k in keys]  # str env ids, as action spaces had them before
+        if all(k in actions for k in keys):
+            acts = [actions[k] for k in keys]
+        else:
+            raise ValueError(
+                f"multi-agent actions keyed by {sorted(actions, key=str)!r} do not name the "
+                f"env ids stepped, {ids.tolist()}")
     if len(acts) != n:
         raise ValueError(
             f"expected actions for {n} envs (a dict keyed by env id or a list of "

@@ -13,7 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from pettingzoo import ParallelEnv
+from pettingzoo import AECEnv, ParallelEnv
 
 _ROCK, _PAPER, _SCISSORS, _NONE = 0, 1, 2, 3
 
@@ -22,34 +22,46 @@ class RockPaperScissors(ParallelEnv):  # type: ignore[misc]
     """Two-player rock-paper-scissors on the PettingZoo Parallel API.
 
     PettingZoo's own ``classic.rps_v2`` imports pygame at module load; this one has
-    no extra dependency. Observation: the opponent's last move (3 = none yet).
+    no extra dependency. Observation: the opponent's last move (3 = none yet). Passes
+    ``pettingzoo.test.parallel_api_test``: one space object per agent, ``render_mode``.
     """
 
-    metadata = {"name": "rps_v0", "render_modes": []}
+    metadata: dict[str, Any] = {"name": "rps_v0", "render_modes": ["human", "ansi"],
+                                "is_parallelizable": True}
 
-    def __init__(self, max_cycles: int = 100) -> None:
+    def __init__(self, max_cycles: int = 100, render_mode: str | None = None) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or "
+                             f"None, got {render_mode!r}")
         self.possible_agents = ["player_0", "player_1"]
         self.agents: list[str] = []
         self.max_cycles = max_cycles
+        self.render_mode = render_mode
         self._cycle = 0
+        self._last: dict[str, int] = {}
+        # the same object per agent on every call: seeding an agent's space must stick
+        self._observation_spaces = {a: gym.spaces.Discrete(4) for a in self.possible_agents}
+        self._action_spaces = {a: gym.spaces.Discrete(3) for a in self.possible_agents}
 
     def observation_space(self, agent: str) -> gym.spaces.Space[Any]:
-        return gym.spaces.Discrete(4)
+        return self._observation_spaces[agent]
 
     def action_space(self, agent: str) -> gym.spaces.Space[Any]:
-        return gym.spaces.Discrete(3)
+        return self._action_spaces[agent]
 
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, int], dict[str, dict[str, Any]]]:
         self.agents = list(self.possible_agents)
         self._cycle = 0
+        self._last = {}
         return {a: _NONE for a in self.agents}, {a: {} for a in self.agents}
 
     def step(self, actions: dict[str, int]) -> tuple[Any, Any, Any, Any, Any]:
         a0, a1 = int(actions["player_0"]), int(actions["player_1"])
         r0 = 0.0 if a0 == a1 else (1.0 if (a0 - a1) % 3 == 1 else -1.0)
         self._cycle += 1
+        self._last = {"player_0": a0, "player_1": a1}
         done = self._cycle >= self.max_cycles
         obs = {"player_0": a1, "player_1": a0}
         rewards = {"player_0": r0, "player_1": -r0}
@@ -58,11 +70,99 @@ class RockPaperScissors(ParallelEnv):  # type: ignore[misc]
         infos: dict[str, dict[str, Any]] = {a: {} for a in self.agents}
         if done:
             self.agents = []
+        if self.render_mode == "human":
+            print(self.render())
         return obs, rewards, terms, truncs, infos
 
+    def render(self) -> str | None:
+        if self.render_mode is None:
+            return None
+        names = {_ROCK: "rock", _PAPER: "paper", _SCISSORS: "scissors"}
+        moves = ", ".join(f"{a}: {names[m]}" for a, m in self._last.items()) or "no moves yet"
+        return f"cycle {self._cycle}: {moves}"
 
-def rps_parallel_env(max_cycles: int = 100) -> RockPaperScissors:
-    return RockPaperScissors(max_cycles=max_cycles)
+
+def rps_parallel_env(max_cycles: int = 100, render_mode: str | None = None) -> RockPaperScissors:
+    return RockPaperScissors(max_cycles=max_cycles, render_mode=render_mode)
+
+
+class RockPaperScissorsAEC(AECEnv):  # type: ignore[misc]
+    """:class:`RockPaperScissors` on PettingZoo's AEC API: the players move in turn and
+    the round is scored at the cycle's end, so it is ``is_parallelizable`` (a vector env
+    converts it with PettingZoo's ``aec_to_parallel``). ``parallelizable=False`` says
+    otherwise in its metadata, and a vector env refuses it."""
+
+    metadata: dict[str, Any] = {"name": "rps_aec_v0", "render_modes": [], "is_parallelizable": True}
+
+    def __init__(self, max_cycles: int = 100, parallelizable: bool = True) -> None:
+        self.metadata = {**self.metadata, "is_parallelizable": parallelizable}
+        self.possible_agents = ["player_0", "player_1"]
+        self.agents: list[str] = []
+        self.max_cycles = max_cycles
+        self.render_mode = None
+        self._observation_spaces = {a: gym.spaces.Discrete(4) for a in self.possible_agents}
+        self._action_spaces = {a: gym.spaces.Discrete(3) for a in self.possible_agents}
+
+    def observation_space(self, agent: str) -> gym.spaces.Space[Any]:
+        return self._observation_spaces[agent]
+
+    def action_space(self, agent: str) -> gym.spaces.Space[Any]:
+        return self._action_spaces[agent]
+
+    def observe(self, agent: str) -> int:
+        return self._obs[agent]
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        self.agents = list(self.possible_agents)
+        self.agent_selection = self.agents[0]
+        self.rewards = {a: 0.0 for a in self.agents}
+        self._cumulative_rewards = {a: 0.0 for a in self.agents}
+        self.terminations = {a: False for a in self.agents}
+        self.truncations = {a: False for a in self.agents}
+        self.infos: dict[str, dict[str, Any]] = {a: {} for a in self.agents}
+        self._obs = {a: _NONE for a in self.agents}
+        self._moves: dict[str, int] = {}
+        self._cycle = 0
+
+    def step(self, action: Any) -> None:
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        self._cumulative_rewards[agent] = 0.0
+        self._moves[agent] = int(action)
+        if agent == self.agents[-1]:  # the cycle's end: score it
+            a0, a1 = self._moves["player_0"], self._moves["player_1"]
+            r0 = 0.0 if a0 == a1 else (1.0 if (a0 - a1) % 3 == 1 else -1.0)
+            self.rewards = {"player_0": r0, "player_1": -r0}
+            self._obs = {"player_0": a1, "player_1": a0}
+            self._cycle += 1
+            self.truncations = {a: self._cycle >= self.max_cycles for a in self.agents}
+        else:
+            self._clear_rewards()
+        self.agent_selection = self.agents[(self.agents.index(agent) + 1) % len(self.agents)]
+        self._accumulate_rewards()
+
+
+def rps_aec_env(max_cycles: int = 100, parallelizable: bool = True) -> RockPaperScissorsAEC:
+    return RockPaperScissorsAEC(max_cycles=max_cycles, parallelizable=parallelizable)
+
+
+class AgentsAfterReset(RockPaperScissors):
+    """:class:`RockPaperScissors` without ``possible_agents``: as some PettingZoo envs, it
+    names its agents only in ``agents`` once reset (PettingZoo warns but allows it)."""
+
+    def __init__(self, max_cycles: int = 100) -> None:
+        super().__init__(max_cycles)
+        self._agent_names = self.possible_agents
+        del self.possible_agents
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        self.possible_agents = self._agent_names
+        try:
+            return super().reset(seed=seed, options=options)
+        finally:
+            del self.possible_agents
 
 
 class SlowCartPole(gym.Wrapper[Any, Any, Any, Any]):

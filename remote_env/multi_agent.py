@@ -11,18 +11,77 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import pettingzoo
+from pettingzoo.utils import conversions
 
 ALL = "__all__"
 
 
+class UnsupportedMultiAgentEnvError(TypeError):
+    """A multi-agent env this library cannot step (an AEC env that is not parallelizable)."""
+
+
 def is_multi_agent(env: Any) -> bool:
-    """A non-gymnasium env with ``possible_agents`` is treated as multi-agent."""
-    return not isinstance(env, gym.Env) and hasattr(env, "possible_agents")
+    """PettingZoo envs (Parallel or AEC, by class), and other non-gymnasium envs with
+    ``possible_agents`` or ``agents`` (PettingZoo's duck type; RLlib-style dicts)."""
+    if isinstance(env, (pettingzoo.ParallelEnv, pettingzoo.AECEnv)):
+        return True
+    return not isinstance(env, gym.Env) and (
+        _has(env, "possible_agents") or _has(env, "agents"))
+
+
+def _has(env: Any, name: str) -> bool:
+    # PettingZoo's base classes only annotate possible_agents: reading it may raise
+    try:
+        getattr(env, name)
+    except AttributeError:
+        return False
+    return True
+
+
+def is_aec(env: Any) -> bool:
+    """A PettingZoo AEC (agent-by-agent) env: ``agent_iter``/``last`` instead of dict steps."""
+    return isinstance(env, pettingzoo.AECEnv) or (
+        not isinstance(env, (gym.Env, pettingzoo.ParallelEnv))
+        and callable(getattr(env, "agent_iter", None)) and callable(getattr(env, "last", None)))
+
+
+def as_parallel(env: Any) -> Any:
+    """``env`` itself, or an AEC env converted to the Parallel API (PettingZoo's own
+    ``aec_to_parallel``). Refused when its metadata does not say ``is_parallelizable``:
+    one step of all agents is then not one AEC cycle (PettingZoo's own rule)."""
+    if not is_aec(env):
+        return env
+    metadata = getattr(env, "metadata", None) or {}
+    if not metadata.get("is_parallelizable", False):
+        raise UnsupportedMultiAgentEnvError(
+            f"{type(env).__name__} is a PettingZoo AEC env whose metadata lacks "
+            "'is_parallelizable': True, so it cannot be stepped as one Parallel step per "
+            "cycle. Return a ParallelEnv from the make-env callable (e.g. the env module's "
+            "parallel_env()), or set metadata['is_parallelizable'] = True if every agent "
+            "acts once per cycle and the env updates at the cycle's end")
+    return conversions.aec_to_parallel(env)
+
+
+def agent_list(env: Any) -> list[Any]:
+    """The env's agents: ``possible_agents``, else ``agents`` (after a reset if it is
+    empty before one, as PettingZoo envs without ``possible_agents`` have it)."""
+    if _has(env, "possible_agents"):
+        return list(env.possible_agents)
+    found = list(getattr(env, "agents", None) or [])
+    if not found:
+        obs, _ = env.reset()
+        found = list(getattr(env, "agents", None) or obs)
+    if not found:
+        raise UnsupportedMultiAgentEnvError(
+            f"{type(env).__name__} has no possible_agents, and no agents even after a reset: "
+            "cannot tell its agents' spaces")
+    return found
 
 
 def spaces(env: Any) -> tuple[gym.spaces.Dict, gym.spaces.Dict]:
     """Per-agent spaces as gymnasium ``Dict`` spaces keyed by agent id."""
-    agents = list(env.possible_agents)
+    agents = agent_list(env)
     if callable(getattr(env, "observation_space", None)):  # PettingZoo: methods
         obs = {a: env.observation_space(a) for a in agents}
         act = {a: env.action_space(a) for a in agents}

@@ -302,7 +302,7 @@ class Stepping(EnvAttributes):
 
     def _actions(self, actions: Any, ids: np.ndarray) -> Any:
         if self.multi_agent:
-            return checks.multi_agent_actions(actions, ids)
+            return checks.multi_agent_actions(actions, len(ids), ids)
         return checks.actions(self.single_action_space, actions, ids)
 
     def _check_open(self) -> None:

@@ -230,12 +230,12 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
         self.async_steps = bool(info.get("async_steps", False))
         self.single_action_space = info["action_space"]
         if self.multi_agent:
-            # results are dicts keyed env id -> agent id
+            # results are dicts keyed env id (an int, as in the results) -> agent id
             self.single_observation_space = info["observation_space"]
             self.observation_space = gym.spaces.Dict(
-                {str(i): self.single_observation_space for i in range(n)})
+                {i: self.single_observation_space for i in range(n)})  # type: ignore[misc]
             self.action_space = gym.spaces.Dict(
-                {str(i): self.single_action_space for i in range(n)})
+                {i: self.single_action_space for i in range(n)})  # type: ignore[misc]
         else:
             self.action_space = gym.vector.utils.batch_space(self.single_action_space, n)
         self.metadata = dict(info["metadata"])

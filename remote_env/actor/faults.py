@@ -15,7 +15,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from remote_env import restarts
+from remote_env import multi_agent, restarts
 from remote_env._types import Failure, FailureReason
 
 EnvFn = Callable[[], Any]
@@ -107,7 +107,7 @@ class SlotFaults:
                 env = slot.env_fn()
                 if is_actor_handle(env):
                     env = ActorEnvProxy(env)
-                slot.env = env
+                slot.env = multi_agent.as_parallel(env)  # PettingZoo AEC: converted or refused
                 return None
             except Exception as exc:
                 delay = self._crash_loop.failed(slot.streak)

@@ -210,6 +210,18 @@ class SubEnvHost(HostTransport, SlotFaults):
                 else:
                     setattr(env, name, v)
 
+    def is_wrapped(self, positions: Sequence[int], wrapper_class: type) -> list[bool]:
+        """Whether each env has a ``wrapper_class`` wrapper (SB3's ``env_is_wrapped``)."""
+        with self._lock:
+            out = []
+            for p in positions:
+                env, found = self._slots[p].env, False
+                while env is not None and not found:
+                    found = isinstance(env, wrapper_class)
+                    env = getattr(env, "env", None) if isinstance(env, gym.Wrapper) else None
+                out.append(found)
+            return out
+
     def seeds(self) -> list[int | None]:
         return [s.seed for s in self._slots]
 

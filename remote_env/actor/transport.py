@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from remote_env.actor.threads import Gang
 
 # what a driver may call over a channel (the hot calls; lifecycle stays with Ray)
-FENCED_METHODS = frozenset({"step", "reset", "call", "set_attr", "shared_step"})
+FENCED_METHODS = frozenset({"step", "reset", "call", "set_attr", "shared_step", "is_wrapped"})
 CHANNEL_METHODS = FENCED_METHODS | {"fenced", "open_shared"}
 
 

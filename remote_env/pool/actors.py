@@ -10,7 +10,7 @@ Ray for the actors.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from remote_env import restarts
@@ -22,6 +22,7 @@ from remote_env.pool.slot import (
     Slot,
     SlotInfo,
     first_line,
+    generation_of,
     kill,
     node_id,
     signature,
@@ -33,6 +34,10 @@ log = logging.getLogger("remote_env.pool.server")
 HEALTHY_RESET_S: Final = 60.0
 #: Without hang detection, an actor Ray calls unavailable this long is dead.
 UNAVAILABLE_DEAD_S: Final = 60.0
+
+#: ``withdraw(slots)``: the registry takes the unleased ones of ``slots`` out of reach of
+#: new leases and returns them (:meth:`remote_env.pool.registry.PoolRegistry.withdraw`).
+Withdraw = Callable[[list[int]], Sequence[int]]
 
 
 class ActorSet(launch.Launcher):
@@ -61,13 +66,17 @@ class ActorSet(launch.Launcher):
     def layout(self) -> list[SlotInfo]:
         return [s.info() for s in sorted(self.slots.values(), key=lambda x: x.slot)]
 
-    def supervise(self, now: float, leased: Mapping[int, str]) -> None:
-        """One pass: starts, pings, backoffs, then scaling to ``spec.desired_envs``."""
+    def supervise(self, now: float, leased: Mapping[int, str], withdraw: Withdraw) -> None:
+        """One pass: starts, pings, backoffs, then scaling to ``spec.desired_envs``.
+
+        ``leased`` is the registry's last answer, to plan a scale-down by; ``withdraw``
+        asks it at the moment of removal (a lease may have been granted since).
+        """
         self._check_starts(now)
         self._check_pings(now)
         self._send_pings(now)
         self._retry_backoffs(now)
-        self.scale(now, leased)
+        self.scale(now, leased, withdraw)
 
     def reported(self, slot: int, actor_id: str, reason: str, now: float) -> None:
         """A trainer saw actor ``actor_id`` of ``slot`` fail: replace it (once)."""
@@ -97,11 +106,18 @@ class ActorSet(launch.Launcher):
             kill(s.handle)
         self.slots.clear()
 
-    def adopt(self, layout: Mapping[str, Any]) -> None:
-        """Take over the actors a previous pool server left in the namespace."""
+    def adopt(self, layout: Mapping[str, Any], now: float) -> None:
+        """Take over the pool a previous pool server left: the registry's layout and the
+        named actors in the namespace, together.
+
+        A live actor is adopted with its slot's record (size, restarts, streak); a slot
+        the registry knows without a live actor (in restart backoff, or its actor died
+        while no server watched) is restarted under its streak; a failed one stays
+        failed. So a restart of the pool server loses no slot a trainer may hold.
+        """
         import ray
 
-        known = {s.slot: s for s in layout.get("slots", [])}
+        known: dict[int, SlotInfo] = {s.slot: s for s in layout.get("slots", [])}
         latest: dict[int, int] = {}
         names: list[tuple[int, int, str]] = []
         for entry in ray.util.list_named_actors(all_namespaces=True):
@@ -125,22 +141,35 @@ class ActorSet(launch.Launcher):
                 kill(handle)  # an older generation a crashed server did not finish replacing
                 continue
             prev = known.get(slot)
-            s = Slot(slot, prev.num_envs if prev else self.spec.envs_per_actor, gen,
-                      restarts=prev.restarts if prev else 0)
+            s = restored(prev, slot, self.spec.envs_per_actor)
+            s.generation = gen
             s.handle = handle
             s.actor_id = handle._actor_id.hex()
-            s.node_id = prev.node_id if prev else ""
             s.size_known = prev is not None
             # start() is idempotent: it answers with the description of a started host
             s.start_ref = handle.start.remote()
             self.slots[slot] = s
             if not same_build:
                 self.relaunch(s, after_failure=False)
+        lost = [prev for slot, prev in known.items() if slot not in self.slots]
+        for prev in lost:
+            s = restored(prev, prev.slot, self.spec.envs_per_actor)
+            self.slots[s.slot] = s
+            if prev.state == "failed":
+                s.state = "failed"  # out of restarts: a new spec is the user's retry
+                self.last_error = s.last_error
+            elif prev.state == "backoff":
+                s.state, s.retry_at, s.after_failure = "backoff", now, True
+            else:
+                self.fail(s, "actor_died", "its actor was gone when the pool server "
+                                           "restarted", now)
         if self.slots:
-            log.info("pool %s: adopted %d actors (%d envs) from namespace %s%s", self.spec.name,
-                     len(self.slots), sum(s.num_envs for s in self.slots.values()),
-                     self.ray_namespace, "" if same_build else "; rebuilding them: spec changed")
-
+            log.info("pool %s: adopted %d actors (%d envs) from namespace %s%s%s",
+                     self.spec.name, len(self.slots) - len(lost),
+                     sum(s.num_envs for s in self.slots.values()), self.ray_namespace,
+                     f"; restarting {len(lost)} the registry knew without an actor"
+                     if lost else "",
+                     "" if same_build else "; rebuilding them: spec changed")
 
     def _check_starts(self, now: float) -> None:
         import ray
@@ -149,7 +178,16 @@ class ActorSet(launch.Launcher):
                     if s.state == "starting" and s.start_ref is not None}
         if not starting:
             return
-        ready, _ = ray.wait(list(starting), num_returns=len(starting), timeout=0)
+        ready, pending = ray.wait(list(starting), num_returns=len(starting), timeout=0)
+        limit = self.spec.fault_tolerance.start_timeout
+        for ref in pending:
+            s = starting[ref]
+            if s.start_seen is None:
+                s.start_seen = now
+            elif limit is not None and now - s.start_seen > limit:
+                # a hung env constructor: the actor answers nothing else either
+                self.fail(s, "timeout", f"start timed out: start() did not finish within "
+                                         f"startTimeoutSeconds={limit:g}", now)
         for ref in ready:
             s = starting[ref]
             s.start_ref = None
@@ -272,7 +310,7 @@ class ActorSet(launch.Launcher):
             self._launch(s)
 
 
-    def scale(self, now: float, leased: Mapping[int, str]) -> None:
+    def scale(self, now: float, leased: Mapping[int, str], withdraw: Withdraw) -> None:
         """Add or remove actors until the pool holds ``desired_envs`` envs."""
         if not all(s.size_known for s in self.slots.values()):
             return  # adopted actors still to report how many envs they hold
@@ -290,37 +328,73 @@ class ActorSet(launch.Launcher):
             log.info("pool %s: scaled up to %d envs in %d actors", self.spec.name, total,
                      len(self.slots))
         elif total > desired:
-            self._scale_down(total - desired, leased)
+            self._scale_down(total - desired, leased, withdraw)
 
-    def _scale_down(self, excess: int, leased: Mapping[int, str]) -> None:
+    def _scale_down(self, excess: int, leased: Mapping[int, str], withdraw: Withdraw) -> None:
         """Remove ``excess`` envs from actors no trainer leases; never a leased one.
 
         What leases hold stays until the lease ends (the next ticks finish the job), so
         a size written from a slightly old lease count (the autoscaler's, an HPA's)
-        cannot take envs from a trainer. The newest free actors go first.
+        cannot take envs from a trainer. The plan is made from ``leased`` (the last
+        sync); the registry has the last word (``withdraw``): an actor leased since is
+        kept, and the next pass plans again.
         """
-        order = sorted((s for s in self.slots.values() if s.slot not in leased),
-                       key=lambda s: -s.slot)
+        remove, cut, cut_by = plan_scale_down(list(self.slots.values()), excess, leased)
+        asked = [s.slot for s in remove] + ([cut.slot] if cut is not None else [])
+        if not asked:
+            return
+        granted = set(withdraw(asked))
         removed = 0
-        for s in order:
-            if excess == 0:
-                break
-            if s.num_envs <= excess:
+        for s in remove:
+            if s.slot in granted:
                 kill(s.handle)
                 del self.slots[s.slot]
-                excess -= s.num_envs
                 removed += s.num_envs
-        if excess:
+        if cut is not None and cut.slot in granted:
             # no whole free actor fits the excess: rebuild a free one with fewer envs
-            cut = next((s for s in order if s.slot in self.slots and s.num_envs > excess), None)
-            if cut is not None:
-                cut.num_envs -= excess
-                removed += excess
-                self.relaunch(cut, after_failure=False)
-        if removed:
-            self.dirty = True
+            cut.num_envs -= cut_by
+            removed += cut_by
+            self.relaunch(cut, after_failure=False)
+        if granted:
+            self.dirty = True  # withdrawn slots left the registry's layout: republish
+        kept = len(asked) - len(granted)
+        if removed or kept:
             left = sum(s.num_envs for s in self.slots.values())
             held = f" ({left - self.spec.desired_envs} more stay leased until released)" \
                 if left > self.spec.desired_envs else ""
-            log.info("pool %s: scaled down by %d to %d envs in %d actors%s", self.spec.name,
-                     removed, left, len(self.slots), held)
+            late = f"; {kept} actors leased since the last pass kept" if kept else ""
+            log.info("pool %s: scaled down by %d to %d envs in %d actors%s%s", self.spec.name,
+                     removed, left, len(self.slots), held, late)
+
+
+def restored(prev: SlotInfo | None, slot: int, envs_per_actor: int) -> Slot:
+    """A slot rebuilt from its published record (a fresh one when there is none)."""
+    if prev is None:
+        return Slot(slot, envs_per_actor)
+    s = Slot(slot, prev.num_envs, generation_of(prev.actor_name), actor_id=prev.actor_id,
+             restarts=prev.restarts, last_error=prev.last_error, node_id=prev.node_id)
+    s.streak.failures = prev.streak
+    return s
+
+
+def plan_scale_down(slots: Sequence[Slot], excess: int, leased: Mapping[int, str]
+                    ) -> tuple[list[Slot], Slot | None, int]:
+    """Which actors to remove for ``excess`` fewer envs, never a leased one.
+
+    Returns (whole actors to remove, newest first; an actor to rebuild smaller or None;
+    by how many envs). A free actor is cut only when no whole free actor fits what is
+    left of the excess.
+    """
+    order = sorted((s for s in slots if s.slot not in leased), key=lambda s: -s.slot)
+    remove: list[Slot] = []
+    for s in order:
+        if excess == 0:
+            break
+        if s.num_envs <= excess:
+            remove.append(s)
+            excess -= s.num_envs
+    cut = None
+    if excess:
+        gone = {s.slot for s in remove}
+        cut = next((s for s in order if s.slot not in gone and s.num_envs > excess), None)
+    return remove, cut, excess if cut is not None else 0

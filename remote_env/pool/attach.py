@@ -23,6 +23,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -35,6 +36,9 @@ from remote_env.vector import RemoteVectorEnv
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_TIMEOUT_S: Final = 60.0
+#: How long one lease request may take beyond ``wait_s``: a grant fences its actors
+#: (up to leases.FENCE_TIMEOUT_S) before it returns.
+ACQUIRE_TIMEOUT_S: Final = 30.0
 #: RemoteVectorEnv arguments the pool decides: its actors already exist.
 _POOL_OWNED: Final = ("env_fns", "existing_actors", "actor_replacer", "envs_per_actor",
                       "threads_per_actor", "actor_options", "on_sub_environment_created")
@@ -247,7 +251,8 @@ def attach(
 
     Raises:
         PoolNotFoundError: no pool ``name`` on this Ray cluster.
-        pool_registry.LeaseError: not enough free envs within ``wait_s``.
+        pool_registry.LeaseError: not enough free envs within ``wait_s``, or the
+            pool's registry did not answer within it (it was restarting).
     """
     for key in _POOL_OWNED:
         if key in kwargs:
@@ -287,13 +292,31 @@ def _acquire(registry: Any, who: str, num_envs: int | None, ttl_s: float,
     import ray
 
     deadline = time.monotonic() + wait_s
+    told_restarted = False
+    # ours, so a retry of a call that ran without our hearing is the same lease
+    lease_id = uuid.uuid4().hex
     while True:
         try:
-            lease: dict[str, Any] = ray.get(registry.acquire.remote(who, num_envs, ttl_s))
+            lease: dict[str, Any] = ray.get(registry.acquire.remote(who, num_envs, ttl_s,
+                                                                    lease_id),
+                                            timeout=max(0.0, deadline - time.monotonic())
+                                            + ACQUIRE_TIMEOUT_S)
             return lease
         except pool_registry.LeaseError:
             if time.monotonic() >= deadline:
                 raise
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            # The registry is restarting (Ray brings it back, with its leases): a
+            # transient like a pool still starting. Ray fails each caller's first call
+            # after a restart even once the registry is back: ask again, even at wait_s=0.
+            if isinstance(exc, ray.exceptions.ActorUnavailableError) and not told_restarted:
+                told_restarted = True
+                continue
+            if time.monotonic() >= deadline:
+                raise pool_registry.LeaseError(
+                    f"the pool's registry did not answer within wait_s={wait_s:g}s "
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                    "it restarts on its own: attach again, or give wait_s") from exc
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 

@@ -100,6 +100,7 @@ class Launcher:
             raise RuntimeError(f"pool {spec.name}: cannot name a new actor for slot {s.slot}")
         s.actor_id = s.handle._actor_id.hex()
         s.start_ref = s.handle.start.remote()
+        s.start_seen = None
         s.state = "starting"
         s.node_id = ""
         self.dirty = True

@@ -26,6 +26,11 @@ a trainer that resumes after its lease went to someone else gets
 Only the holder (who knows the lease id, shown nowhere else) can release a lease
 or ask for its actors to be replaced.
 
+The leases and the published layout survive a restart of the registry itself
+(Ray restarts it empty): they are written to a
+:class:`~remote_env.pool.registry_store.RegistryStore` (Ray's GCS key-value store)
+before any caller hears of a change, and read back when it starts.
+
 A plain class (threaded Ray actor: the long-polls block a thread each), so it is
 unit-tested in-process with a fake clock.
 """
@@ -41,6 +46,7 @@ from typing import Any, Final
 
 from remote_env import errors
 from remote_env.pool import leases as leases_mod
+from remote_env.pool import registry_store
 from remote_env.pool.leases import LeaseError
 from remote_env.pool.slot import SlotInfo
 
@@ -57,21 +63,29 @@ class PoolRegistry:
     def __init__(self, pool: str, clock: Callable[[], float] = time.monotonic,
                  fencer: leases_mod.Fencer | None = None,
                  epoch_clock: Callable[[], int] = time.time_ns,
-                 ray_namespace: str | None = None) -> None:
+                 ray_namespace: str | None = None,
+                 store: registry_store.RegistryStore | None = None) -> None:
         self._pool = pool
         self._clock = clock
         self._fencer = fencer if fencer is not None else functools.partial(
             leases_mod.ray_fencer, namespace=ray_namespace)
         self._epoch_clock = epoch_clock
-        self._last_epoch = 0
-        self._slot_epoch: dict[int, int] = {}  # the epoch each slot was last granted at
+        # The leases (and the published layout) are kept across this actor's own
+        # restart (Ray restarts it empty): a trainer stepping through the restart must
+        # keep its envs, and a second trainer attaching meanwhile must not get them.
+        self._store = store if store is not None else registry_store.MemoryStore()
+        book = registry_store.load_book(self._store.load(registry_store.LEASES), clock())
+        self._last_epoch = book.last_epoch
+        # the epoch each slot was last granted at
+        self._slot_epoch: dict[int, int] = dict(book.slot_epoch)
         self._cond = threading.Condition()
-        self._slots: dict[int, SlotInfo] = {}
-        self._pool_info: dict[str, Any] = {}
-        self._leases: dict[str, leases_mod.Lease] = {}
+        layout = registry_store.load_layout(self._store.load(registry_store.LAYOUT))
+        self._slots: dict[int, SlotInfo] = {s.slot: s for s in layout.slots}
+        self._pool_info: dict[str, Any] = dict(layout.pool_info)
+        self._leases: dict[str, leases_mod.Lease] = {x.lease_id: x for x in book.leases}
         self._requests: dict[int, tuple[str, str]] = {}  # slot -> (actor_id, reason)
         self._server_seen: float | None = None
-        self._generation = 0  # bumped on every layout change
+        self._generation = layout.generation  # bumped on every layout change; 0: none yet
         self._lease_version = 0  # bumped when leases change: wakes the pool server's sync
 
     # ------------------------------------------------------------ pool server
@@ -88,15 +102,14 @@ class PoolRegistry:
         """
         with self._cond:
             self._server_seen = self._clock()
+            if pool_info is not None:
+                self._pool_info = dict(pool_info)
             if slots is not None:
                 self._slots = {s.slot: s for s in slots}
-                self._generation += 1
                 for slot in list(self._requests):
                     if slot not in self._slots:
                         del self._requests[slot]
-                self._cond.notify_all()
-            if pool_info is not None:
-                self._pool_info = dict(pool_info)
+                self._layout_changed()
             version = self._lease_version
             if not self._requests and timeout > 0:
                 self._cond.wait_for(
@@ -106,6 +119,23 @@ class PoolRegistry:
             self._expire()
             return {"requests": requests, "generation": self._generation,
                     **self._lease_summary()}
+
+    def withdraw(self, slots: Sequence[int]) -> list[int]:
+        """Take the unleased ones of ``slots`` out of the layout; returns them.
+
+        The pool server calls this right before it removes or rebuilds actors (scale
+        down): checking for leases and taking the actors out of reach of
+        :meth:`acquire` is one step here, so a lease granted since the server last
+        synced keeps its actors. A withdrawn slot comes back with the next layout
+        the server publishes, if it keeps it.
+        """
+        with self._cond:
+            self._expire()
+            leased = self._leased_slots()
+            out = [s for s in slots if s not in leased]
+            if [s for s in out if self._slots.pop(s, None) is not None]:
+                self._layout_changed()
+            return out
 
     def layout(self) -> dict[str, Any]:
         """Everything a (re)starting pool server or a status page needs."""
@@ -121,10 +151,15 @@ class PoolRegistry:
             }
 
     # --------------------------------------------------------------- trainers
-    def acquire(self, trainer: str, num_envs: int | None, ttl_s: float) -> dict[str, Any]:
+    def acquire(self, trainer: str, num_envs: int | None, ttl_s: float,
+                lease_id: str | None = None) -> dict[str, Any]:
         """Lease free, ready actors holding exactly ``num_envs`` envs (all free ones if None).
 
-        Returns ``{"lease_id", "slots": [SlotInfo], "pool_info"}``.
+        ``lease_id`` (the caller's, secret; a new one if None) makes a retry safe: a
+        call whose answer was lost (the registry restarted meanwhile; Ray cannot say
+        whether it ran) asked again gets the lease it was granted, not a second one.
+
+        Returns ``{"lease_id", "slots": [SlotInfo], "pool_info", "epoch"}``.
 
         Raises:
             LeaseError: not enough free envs, or no subset of free actors adds up
@@ -136,29 +171,47 @@ class PoolRegistry:
             raise LeaseError(f"num_envs must be >= 1 or None (all free envs), got {num_envs}")
         with self._cond:
             self._expire()
-            leased = self._leased_slots()
-            free = sorted(
-                (s for s in self._slots.values() if s.state == "ready" and s.slot not in leased),
-                key=lambda s: (-s.num_envs, s.slot),
-            )
-            picked = free if num_envs is None else leases_mod.pick(free, num_envs)
-            if not picked:
-                raise LeaseError(leases_mod.why_not(self._pool, self._slots, leased, num_envs))
-            chosen = list(picked)
-            chosen.sort(key=lambda s: s.slot)
-            now = self._clock()
-            lease = leases_mod.Lease(uuid.uuid4().hex, trainer, [s.slot for s in chosen], ttl_s,
-                           now + ttl_s, now, self._next_epoch())
-            self._leases[lease.lease_id] = lease
-            for s in chosen:
-                self._slot_epoch[s.slot] = lease.epoch
-            self._leases_changed()
-            pool_info = dict(self._pool_info)
+            granted = self._leases.get(lease_id) if lease_id is not None else None
+            answer = (self._regrant(granted, ttl_s) if granted is not None
+                      else self._grant(trainer, num_envs, ttl_s, lease_id))
         # Outside the lock (a Ray call per actor); before returning, so the previous
         # holder's calls are refused before the new holder's first one.
-        self._fencer(chosen, lease.epoch)
-        return {"lease_id": lease.lease_id, "slots": chosen, "pool_info": pool_info,
+        self._fencer(answer["slots"], answer["epoch"])
+        return answer
+
+    def _grant(self, trainer: str, num_envs: int | None, ttl_s: float,
+               lease_id: str | None) -> dict[str, Any]:
+        """A new lease (the lock held)."""
+        leased = self._leased_slots()
+        free = sorted(
+            (s for s in self._slots.values() if s.state == "ready" and s.slot not in leased),
+            key=lambda s: (-s.num_envs, s.slot),
+        )
+        picked = free if num_envs is None else leases_mod.pick(free, num_envs)
+        if not picked:
+            raise LeaseError(leases_mod.why_not(self._pool, self._slots, leased, num_envs))
+        chosen = sorted(picked, key=lambda s: s.slot)
+        now = self._clock()
+        lease = leases_mod.Lease(lease_id or uuid.uuid4().hex, trainer,
+                                 [s.slot for s in chosen], ttl_s, now + ttl_s, now,
+                                 self._next_epoch())
+        self._leases[lease.lease_id] = lease
+        for s in chosen:
+            self._slot_epoch[s.slot] = lease.epoch
+        self._leases_changed()
+        return {"lease_id": lease.lease_id, "slots": chosen, "pool_info": dict(self._pool_info),
                 "epoch": lease.epoch}
+
+    def _regrant(self, lease: leases_mod.Lease, ttl_s: float) -> dict[str, Any]:
+        """:meth:`acquire`'s answer for ``lease`` again (the lock held)."""
+        if not all(s in self._slots for s in lease.slots):
+            # a restarted registry kept the lease, the layout is on its way
+            raise LeaseError(f"pool {self._pool!r}: lease granted, waiting for the pool "
+                             "server to republish its actors")
+        lease.ttl_s = ttl_s
+        lease.expires = self._clock() + ttl_s
+        return {"lease_id": lease.lease_id, "slots": [self._slots[s] for s in lease.slots],
+                "pool_info": dict(self._pool_info), "epoch": lease.epoch}
 
     def renew(self, lease_id: str, trainer: str, slots: Sequence[int], ttl_s: float,
               epoch: int = 0) -> bool:
@@ -262,7 +315,18 @@ class PoolRegistry:
                 f"pool {self._pool!r}: slot {slot} is not held by this trainer's lease (it "
                 "expired or was released); attach again")
 
+    def _layout_changed(self) -> None:
+        """Kept (the store) before any caller hears of the change; wakes the waiters."""
+        self._generation += 1
+        self._store.save(registry_store.LAYOUT, registry_store.dump_layout(
+            sorted(self._slots.values(), key=lambda s: s.slot), self._pool_info,
+            self._generation))
+        self._cond.notify_all()
+
     def _leases_changed(self) -> None:
+        """Kept (the store) before any caller hears of the change; wakes the server's sync."""
+        self._store.save(registry_store.LEASES, registry_store.dump_book(
+            self._leases.values(), self._slot_epoch, self._last_epoch))
         self._lease_version += 1
         self._cond.notify_all()
 
@@ -275,10 +339,11 @@ class PoolRegistry:
 
     def _expire(self) -> None:
         now = self._clock()
-        for lease_id, lease in list(self._leases.items()):
-            if lease.expires < now:
-                del self._leases[lease_id]
-                self._lease_version += 1
+        expired = [lease_id for lease_id, lease in self._leases.items() if lease.expires < now]
+        for lease_id in expired:
+            del self._leases[lease_id]
+        if expired:
+            self._leases_changed()
 
 _REGISTRY_CLS: Any = None
 

@@ -5,16 +5,20 @@ in-process for ``envpool run``) and:
 
 * creates ``SubEnvHost`` actors, named ``host-<slot>-g<generation>`` and detached,
   in the pool's Ray namespace, so they outlive trainers and the pool server;
-* re-adopts the actors it finds there when it restarts (the registry actor keeps
-  the layout and the leases, see :mod:`remote_env.pool.registry`);
+* re-adopts the pool when it restarts: the registry actor's layout (every slot,
+  with its restarts and streak, including those in restart backoff) and the named
+  actors together; the leases stay in the registry (:mod:`remote_env.pool.registry`);
 * pings every actor; a dead one (process killed, node lost) or one that does not
-  answer within ``faultTolerance.stepTimeoutSeconds`` is killed and replaced, with
+  answer within ``faultTolerance.stepTimeoutSeconds`` (or does not finish ``start()``,
+  its envs' constructors, within ``startTimeoutSeconds``) is killed and replaced, with
   exponential backoff and at most ``maxRestarts`` consecutive failures; trainers
   report the failures they see and wait for the replacement (one owner of restarts);
 * scales to ``spec.replicas`` without touching surviving actors: new actors are
   added, and scaling down removes free (un-leased) actors only, newest first (a
   free actor is cut to a smaller one only when no whole actor fits the excess);
-  leased envs above the new size go when their lease ends;
+  the registry is asked at the moment of removal
+  (:meth:`~remote_env.pool.registry.PoolRegistry.withdraw`), so an actor leased
+  since the last pass stays; leased envs above the new size go when their lease ends;
 * serves ``/metrics``, ``/healthz`` and ``/status`` (JSON) over HTTP and, in-cluster,
   patches its EnvPool's ``status.pool`` (:mod:`remote_env.pool.kube_report`).
 
@@ -43,7 +47,7 @@ from prometheus_client import CollectorRegistry
 
 from remote_env import spec as spec_mod
 from remote_env.metrics import PoolMetrics
-from remote_env.pool import actors, http_server, launch, slot
+from remote_env.pool import actors, http_server, launch, registry_store, slot
 from remote_env.pool import registry as registry_mod
 from remote_env.pool import status as status_mod
 
@@ -153,11 +157,12 @@ class PoolServer:
             # it is bookkeeping only.
             num_cpus=0,
             resources={launch.HEAD_RESOURCE: 0.001},
-            # a crashed registry comes back empty; the pool server republishes its layout
+            # a crashed registry comes back with its leases and layout (the store)
             max_restarts=-1,
-        ).remote(self.spec.name, ray_namespace=self.ray_namespace)
+        ).remote(self.spec.name, ray_namespace=self.ray_namespace,
+                 store=registry_store.RayKVStore(self.ray_namespace))
         layout = ray.get(self._registry_actor.layout.remote())
-        self.actors.adopt(layout)
+        self.actors.adopt(layout, time.monotonic())
         if self._http_port >= 0:
             self._http = http_server.serve_http(self, self._http_host, self._http_port)
             log.info("pool %s: serving %s/status, /metrics and /healthz", self.spec.name, self.url)
@@ -210,6 +215,7 @@ class PoolServer:
             self.actors.kill_all()
             if self._registry_actor is not None:
                 slot.kill(self._registry_actor)
+                registry_store.RayKVStore(self.ray_namespace).clear()  # the pool is gone
 
     def __enter__(self) -> PoolServer:
         self.start_background()
@@ -263,26 +269,24 @@ class PoolServer:
     # ------------------------------------------------------------ supervision
     def tick(self) -> None:
         """One supervision pass, then publish and wait up to a health interval."""
-        import ray
 
         if self._last_tick is None:
             # A (re)started server learns the leases before it first supervises or
             # publishes: with none known, every adopted actor looked free, to scale-down
             # and in /status (seen: readyEnvs 16, leasedEnvs 0 after a restart).
-            self._take_sync(ray.get(self._registry_actor.server_sync.remote(None, None, 0.0)))
+            self._take_sync(self._registry_call("server_sync", None, None, 0.0))
         now = time.monotonic()
         self._apply_pending_spec()
         requests, self._requests = self._requests, []
         for slot_id, actor_id, reason in requests:
             self.actors.reported(slot_id, actor_id, reason, now)
-        self.actors.supervise(now, self._leased)
+        self.actors.supervise(now, self._leased, self._withdraw)
         self._refresh_hosts(now)
         self._update_snapshot(now)
         dirty = self.actors.dirty
         layout = self.actors.layout() if dirty else None
         pool_info = self._pool_info() if dirty else None
-        sync = ray.get(self._registry_actor.server_sync.remote(
-            layout, pool_info, self.health_interval_s))
+        sync = self._registry_call("server_sync", layout, pool_info, self.health_interval_s)
         if layout is not None:
             self.actors.dirty = False
             self._published_generation = sync["generation"]
@@ -300,6 +304,22 @@ class PoolServer:
         self._requests = [*self._requests, *sync["requests"]]
         self._leased = dict(sync["leased_slots"])
         self._leases = list(sync["leases"])
+
+    def _withdraw(self, slots: list[int]) -> list[int]:
+        """The registry's word, at the moment of removal, on which slots are free."""
+        return list(self._registry_call("withdraw", slots))
+
+    def _registry_call(self, method: str, *args: Any) -> Any:
+        """A registry call (each one idempotent), asked again once when Ray says the
+        registry restarted since our last call: Ray fails the first call after a
+        restart even once the registry is back (with its layout and leases), and a
+        failed tick would show that transient as the pool's lastError."""
+        import ray
+
+        try:
+            return ray.get(getattr(self._registry_actor, method).remote(*args))
+        except ray.exceptions.ActorUnavailableError:
+            return ray.get(getattr(self._registry_actor, method).remote(*args))
 
     def pool_report(self) -> dict[str, Any]:
         """``status.pool`` of the EnvPool (see :func:`remote_env.pool.status.pool_report`)."""

@@ -29,10 +29,18 @@ class SlotInfo:
     restarts: int = 0
     node_id: str = ""
     last_error: str = ""
+    #: consecutive failures (the restart streak): a restarted pool server goes on counting
+    streak: int = 0
 
 
 def host_name(slot: int, generation: int) -> str:
     return f"host-{slot:05d}-g{generation}"
+
+
+def generation_of(actor_name: str) -> int:
+    """The generation in an actor name ``host-<slot>-g<generation>`` (0: not such a name)."""
+    m = HOST_NAME_RE.match(actor_name)
+    return int(m.group(2)) if m else 0
 
 
 def node_id(_host: Any) -> str:
@@ -52,6 +60,8 @@ class Slot:
     actor_id: str = ""
     state: SlotState = "starting"
     start_ref: Any = None
+    # when the supervisor first saw the current start() pending (its deadline's origin)
+    start_seen: float | None = None
     ping_ref: Any = None
     ping_sent: float = 0.0
     # when the actor stopped answering (first unanswered ping), for hang detection
@@ -73,7 +83,7 @@ class Slot:
     def info(self) -> SlotInfo:
         return SlotInfo(
             self.slot, self.name, self.actor_id, self.num_envs, self.state, self.restarts,
-            self.node_id, self.last_error,
+            self.node_id, self.last_error, self.streak.failures,
         )
 
 

@@ -96,6 +96,9 @@ FIELDS: Final[dict[str, Field]] = {
     "spec.faultTolerance.restartFailedEnvs": Field("boolean", True),
     #: 0 disables hang detection.
     "spec.faultTolerance.stepTimeoutSeconds": Field("number", 60.0, 0, 86_400),
+    #: How long an env actor's start (its envs' constructors) may take; 0: no limit.
+    #: Simulators start slowly, so longer than a step's.
+    "spec.faultTolerance.startTimeoutSeconds": Field("number", 300.0, 0, 86_400),
     "spec.faultTolerance.maxRestarts": Field("integer", 100, 0, 1_000_000),
     "spec.faultTolerance.restartBackoffSeconds": Field("number", 1.0, 0, 3600),
     "spec.ray.version": Field("string", "2.60.0", max_length=32),
@@ -122,8 +125,8 @@ OBJECTS: Final[dict[str, tuple[str, ...]]] = {
     "spec": ("env", "replicas", "envsPerActor", "threadsPerActor", "batchWaitMs",
              "autoresetMode", "faultTolerance", "ray", "metrics", "suspend", "autoscaling"),
     "spec.env": ("id", "entrypoint", "kwargs", "multiAgent"),
-    "spec.faultTolerance": ("restartFailedEnvs", "stepTimeoutSeconds", "maxRestarts",
-                            "restartBackoffSeconds"),
+    "spec.faultTolerance": ("restartFailedEnvs", "stepTimeoutSeconds", "startTimeoutSeconds",
+                            "maxRestarts", "restartBackoffSeconds"),
     "spec.ray": ("version", "image", "authMode", "head", "worker", "runtimeEnv",
                  "envFromSecrets"),
     "spec.ray.head": ("resources", "nodeSelector", "tolerations"),

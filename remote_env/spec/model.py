@@ -37,11 +37,19 @@ class FaultTolerance:
     max_restarts: int = fields.DEFAULT_MAX_RESTARTS
     restart_backoff_seconds: float = fields.FIELDS[
         "spec.faultTolerance.restartBackoffSeconds"].default
+    #: 0: an actor's start may take forever.
+    start_timeout_seconds: float = fields.FIELDS[
+        "spec.faultTolerance.startTimeoutSeconds"].default
 
     @property
     def step_timeout(self) -> float | None:
         """``step_timeout_seconds`` as ``RemoteVectorEnv`` takes it (None: no hang check)."""
         return self.step_timeout_seconds or None
+
+    @property
+    def start_timeout(self) -> float | None:
+        """``start_timeout_seconds``, None for no limit."""
+        return self.start_timeout_seconds or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +213,7 @@ class PoolSpec:
             "faultTolerance": {
                 "restartFailedEnvs": ft.restart_failed_envs,
                 "stepTimeoutSeconds": ft.step_timeout_seconds,
+                "startTimeoutSeconds": ft.start_timeout_seconds,
                 "maxRestarts": ft.max_restarts,
                 "restartBackoffSeconds": ft.restart_backoff_seconds,
             },

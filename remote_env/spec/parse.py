@@ -166,6 +166,7 @@ def _parse_fault_tolerance(c: checker.Checker, raw: Any) -> model.FaultTolerance
         step_timeout_seconds=c.number(ft, "spec.faultTolerance.stepTimeoutSeconds"),
         max_restarts=c.integer(ft, "spec.faultTolerance.maxRestarts"),
         restart_backoff_seconds=c.number(ft, "spec.faultTolerance.restartBackoffSeconds"),
+        start_timeout_seconds=c.number(ft, "spec.faultTolerance.startTimeoutSeconds"),
     )
 
 

@@ -63,9 +63,20 @@ cluster_exists() {
   [ -x "$KWOKCTL" ] && "$KWOKCTL" get clusters 2>/dev/null | grep -qx "$CLUSTER_NAME"
 }
 
-operator_running() {
-  [ -f "$OPERATOR_PID" ] && kill -0 "$(cat "$OPERATOR_PID")" 2>/dev/null
+# A process is running if its pid exists and is not a zombie: a killed component
+# whose parent has not reaped it yet still answers kill -0.
+pid_running() {
+  kill -0 "$1" 2>/dev/null || return 1
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
 }
+
+# the pid in a pid file is running
+pidfile_running() { [ -f "$1" ] && pid_running "$(cat "$1")"; }
+
+operator_running() { pidfile_running "$OPERATOR_PID"; }
 
 operator_ready() {
   operator_running || return 1

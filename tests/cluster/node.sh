@@ -28,7 +28,7 @@ CTR=(ctr --address "$CTRD_SOCK" -n k8s.io)
 # cache): a warm up.sh finds the images unpacked; its state (pods) does not.
 CTRD_ROOT="$CACHE/node-containerd"
 
-pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+pid_alive() { pidfile_running "$1"; }
 
 start_bg() { # name cmd...  (pid in $ND/<name>.pid, log in $ND/<name>.log)
   local name=$1; shift
@@ -40,12 +40,22 @@ stop_pid() { # name [timeout-tenths]
   local f="$ND/$1.pid" pid
   [ -f "$f" ] || return 0
   pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
+  if pid_running "$pid"; then
     kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 "${2:-50}"); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && { log "$1 ignored SIGTERM: SIGKILL"; kill -9 "$pid" 2>/dev/null || true; }
+    for _ in $(seq 1 "${2:-50}"); do pid_running "$pid" || break; sleep 0.1; done
+    pid_running "$pid" && { log "$1 ignored SIGTERM: SIGKILL"; kill -9 "$pid" 2>/dev/null || true; }
   fi
   rm -f "$f"
+}
+
+# Write stdin to a config file only when its content differs. kube-proxy exits on
+# any write to its --config file ("content of the proxy server's configuration file
+# was updated"), so rewriting the same content on every node.sh up killed it.
+# Returns 0 when the file changed.
+put() {
+  cat >"$1.new"
+  if cmp -s "$1.new" "$1"; then rm -f "$1.new"; return 1; fi
+  mv "$1.new" "$1"
 }
 
 node_ready() {
@@ -55,7 +65,7 @@ node_ready() {
 write_configs() { # pause-image
   local pause=$1
   mkdir -p "$ND"/{containerd,cni/net.d,cni/ipam,kubelet,kube-proxy,coredns}
-  cat >"$ND/containerd/config.toml" <<TOML
+  put "$ND/containerd/config.toml" <<TOML || true
 version = 2
 root = "$CTRD_ROOT"
 state = "$ND/containerd/state"
@@ -87,13 +97,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     conf_dir = "$ND/cni/net.d"
 TOML
   mkdir -p "$ND/containerd/certs.d/_default"
-  cat >"$ND/containerd/certs.d/_default/hosts.toml" <<TOML
+  put "$ND/containerd/certs.d/_default/hosts.toml" <<TOML || true
 server = "http://127.0.0.1:9"
 [host."http://127.0.0.1:9"]
   capabilities = ["pull", "resolve"]
 TOML
   # routes to the pod and Service CIDRs only: a pod has no way off this machine
-  cat >"$ND/cni/net.d/10-envpool.conflist" <<JSON
+  put "$ND/cni/net.d/10-envpool.conflist" <<JSON || true
 {
   "cniVersion": "0.4.0",
   "name": "envpool",
@@ -108,7 +118,7 @@ TOML
 }
 JSON
   : >"$ND/resolv.conf"   # pods with dnsPolicy Default get no upstream either
-  cat >"$ND/kubelet/config.yaml" <<YAML
+  put "$ND/kubelet/config.yaml" <<YAML || true
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # cgroup v1 controllers on this machine kind: kubelets >= 1.35 refuse them unless told
@@ -142,7 +152,7 @@ nodeStatusReportFrequency: 10s
 syncFrequency: 10s
 shutdownGracePeriod: 0s
 YAML
-  cat >"$ND/kube-proxy/config.yaml" <<YAML
+  if put "$ND/kube-proxy/config.yaml" <<YAML; then stop_pid kube-proxy; fi
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: iptables
@@ -156,7 +166,7 @@ clusterCIDR: $NODE_POD_CIDR
 nodePortAddresses: [$NODE_IP/32]
 conntrack: {maxPerCore: 0}
 YAML
-  cat >"$ND/coredns/Corefile" <<COREFILE
+  put "$ND/coredns/Corefile" <<COREFILE || true
 $CLUSTER_DOMAIN:53 in-addr.arpa:53 ip6.arpa:53 {
     bind $NODE_IP
     errors

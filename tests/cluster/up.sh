@@ -17,10 +17,12 @@ exec 9>"$STATE/.lock"
 flock 9
 # (long-lived children are started with 9>&- so they do not hold the lock)
 
+KWOK_COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok-controller)
+
+# Every component up.sh starts is alive and answering (health.sh), the nodes are
+# Ready and the CRDs there. Anything less is mended below, never reused as is.
 healthy() {
-  apiserver_ready || return 1
-  operator_ready || return 1
-  if [ "$REAL_NODE" = 1 ]; then bash "$HERE/node.sh" check 9>&- || return 1; fi
+  bash "$HERE/health.sh" status >/dev/null 2>&1 9>&- || return 1
   local ready
   ready=$(kc get nodes -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null | grep -c True || true)
   [ "$ready" -ge "$NODE_COUNT" ] || return 1
@@ -45,28 +47,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 [ -d "$KUBERAY_DIR/crds" ] || die "KubeRay CRDs missing in $KUBERAY_DIR/crds (rebuild kuberay)"
 
-# ---- 1. reuse -------------------------------------------------------------
-if healthy; then
-  log "cluster '$CLUSTER_NAME' already up and healthy: reusing"
-  # the project image follows the source (a change rebuilds its top layer)
-  if [ "$REAL_NODE" = 1 ]; then bash "$HERE/node.sh" images 9>&- || die "node images failed"; fi
-  print_export
-  exit 0
-fi
-
-# ---- 2. control plane -----------------------------------------------------
-if cluster_exists && ! apiserver_ready; then
-  log "cluster '$CLUSTER_NAME' exists but is not serving: trying kwokctl start cluster"
-  "$KWOKCTL" start cluster --name "$CLUSTER_NAME" --timeout 60s >&2 2>&1 9>&- || true
-  if ! apiserver_ready; then
-    log "still not serving: deleting and recreating"
-    "$KWOKCTL" delete cluster --name "$CLUSTER_NAME" --kubeconfig "$KUBECONFIG_PATH" >&2 2>&1 || true
-  fi
-fi
-
-if ! cluster_exists; then
-  cfg="$STATE/kwokctl.yaml"
-  cat >"$cfg" <<YAML
+# ---- 0b. the kwokctl config (a cluster made with another one is recreated) -----
+cfg="$STATE/kwokctl.yaml"
+applied="$STATE/kwokctl.applied.yaml"
+cat >"$cfg.new" <<YAML
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokctlConfiguration
 options:
@@ -99,12 +83,57 @@ componentsPatches:
   - {key: kubelet-preferred-address-types, value: InternalIP}
   - {key: kubelet-client-certificate, value: "$KWOK_WORKDIR/clusters/$CLUSTER_NAME/pki/admin.crt"}
   - {key: kubelet-client-key, value: "$KWOK_WORKDIR/clusters/$CLUSTER_NAME/pki/admin.key"}
+# Single instances: no leader election. An elected component that cannot renew its
+# lease (an API server slower than the 10 s renew deadline on a loaded 2-core
+# machine) exits by design, and nothing would restart it.
+- name: kube-controller-manager
+  extraArgs:
+  - {key: leader-elect, value: "false"}
+- name: kube-scheduler
+  extraArgs:
+  - {key: leader-elect, value: "false"}
 - name: kwok-controller
   extraArgs:
   # kwok fakes only its own nodes: pods on the real node are the kubelet's
   - {key: manage-all-nodes, value: "false"}
   - {key: manage-nodes-with-annotation-selector, value: "kwok.x-k8s.io/node=fake"}
 YAML
+mv "$cfg.new" "$cfg"
+if cluster_exists && ! cmp -s "$cfg" "$applied"; then
+  log "cluster '$CLUSTER_NAME' was made with another kwokctl config: recreating it"
+  if [ "$REAL_NODE" = 1 ]; then bash "$HERE/node.sh" down 9>&- >&2 || true; fi
+  "$KWOKCTL" delete cluster --name "$CLUSTER_NAME" --kubeconfig "$KUBECONFIG_PATH" >&2 2>&1 || true
+fi
+
+# ---- 1. reuse -------------------------------------------------------------
+if healthy; then
+  log "cluster '$CLUSTER_NAME' already up and healthy: reusing"
+  # the project image follows the source (a change rebuilds its top layer)
+  if [ "$REAL_NODE" = 1 ]; then bash "$HERE/node.sh" images 9>&- || die "node images failed"; fi
+  print_export
+  exit 0
+fi
+
+# ---- 2. control plane -----------------------------------------------------
+# a component alive but not answering is killed here so that it is started again
+bash "$HERE/health.sh" reap 20 9>&- >&2 || true
+if cluster_exists && ! bash "$HERE/health.sh" status "${KWOK_COMPONENTS[@]}" >/dev/null 2>&1 9>&-; then
+  log "cluster '$CLUSTER_NAME' is not whole: $(bash "$HERE/health.sh" status "${KWOK_COMPONENTS[@]}" 9>&- 2>/dev/null | grep -v ' ok ' | cut -d' ' -f1,2 | paste -sd, -)"
+  log "kwokctl start cluster (starts only the components that are not running)"
+  # kwokctl takes any pid that answers kill -0 for running, a killed component that
+  # init has not reaped yet (a zombie) too: forget the pids of what is not running
+  for c in "${KWOK_COMPONENTS[@]}"; do
+    f="$KWOK_WORKDIR/clusters/$CLUSTER_NAME/pids/$c.pid"
+    if [ -f "$f" ] && ! pidfile_running "$f"; then rm -f "$f"; fi
+  done
+  "$KWOKCTL" start cluster --name "$CLUSTER_NAME" --timeout 60s >&2 2>&1 9>&- || true
+  if ! apiserver_ready; then
+    log "still not serving: deleting and recreating"
+    "$KWOKCTL" delete cluster --name "$CLUSTER_NAME" --kubeconfig "$KUBECONFIG_PATH" >&2 2>&1 || true
+  fi
+fi
+
+if ! cluster_exists; then
   rm -f "$KUBECONFIG_PATH"
   log "kwokctl create cluster --name $CLUSTER_NAME --runtime binary ($KUBE_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION)"
   if ! "$KWOKCTL" --config "$cfg" create cluster --name "$CLUSTER_NAME" --runtime binary \
@@ -115,6 +144,7 @@ YAML
     done
     die "kwokctl create cluster failed"
   fi
+  cp "$cfg" "$applied"
 fi
 
 # kwokctl writes the context into --kubeconfig; make sure it is there

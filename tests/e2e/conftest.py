@@ -42,6 +42,9 @@ from real_node import RealNode, read_images_env
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = REPO / "tests" / "cluster"
+#: What kwokctl runs (tests/cluster/health.sh has the full list, the node's parts too)
+KWOK_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
+NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy", "coredns", "apiserver-relay")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -160,6 +163,25 @@ class KubeCluster:
             pytest.fail(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
         return proc
 
+    def health(self) -> tuple[bool, str]:
+        """Whether every component is alive and answering, with one line per component."""
+        return cluster_health()
+
+    def heal(self) -> str:
+        """The fixtures' health step (see :func:`heal_cluster`): returns what was mended."""
+        return heal_cluster()
+
+    def component_pid(self, component: str) -> int | None:
+        """The pid health.sh checks for ``component`` (None without a pid file)."""
+        name = os.environ.get("ENVPOOL_CLUSTER_NAME", "envpool")
+        if component == "ray-operator":
+            path = self.state_dir / "ray-operator.pid"
+        elif component in KWOK_COMPONENTS:
+            path = self.state_dir / "kwok" / "clusters" / name / "pids" / f"{component}.pid"
+        else:
+            path = self.state_dir / "node" / f"{component}.pid"
+        return int(path.read_text().strip()) if path.exists() else None
+
     @property
     def operator_metrics_url(self) -> str | None:
         """http URL of the KubeRay operator's /metrics (from up.sh's ports file)."""
@@ -186,10 +208,8 @@ def _cluster_paths() -> dict[str, Path]:
     }
 
 
-@pytest.fixture(scope="session")
-def kube_cluster() -> Iterator[KubeCluster]:
-    timeout = float(os.environ.get("ENVPOOL_CLUSTER_UP_TIMEOUT", "3600"))
-    t0 = time.monotonic()
+def _run_up(timeout: float) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run up.sh (start, mend or reuse the cluster); fail the test with its output if it fails."""
     try:
         proc = subprocess.run(
             ["bash", str(CLUSTER_DIR / "up.sh")],
@@ -208,6 +228,27 @@ def kube_cluster() -> Iterator[KubeCluster]:
             f"could not come up:\n{output}",
             pytrace=False,
         )
+    return proc, output
+
+
+def cluster_health() -> tuple[bool, str]:
+    """``health.sh status``: whether every component of the test cluster is alive and
+    answering, and one line per component (``<name> ok|down|unhealthy <detail>``)."""
+    try:
+        proc = subprocess.run(
+            ["bash", str(CLUSTER_DIR / "health.sh"), "status"],
+            capture_output=True, text=True, timeout=120,
+        )
+    except subprocess.TimeoutExpired:
+        return False, "tests/cluster/health.sh status did not answer within 120 s"
+    return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
+
+
+@pytest.fixture(scope="session")
+def kube_cluster() -> Iterator[KubeCluster]:
+    timeout = float(os.environ.get("ENVPOOL_CLUSTER_UP_TIMEOUT", "3600"))
+    t0 = time.monotonic()
+    proc, output = _run_up(timeout)
     m = re.search(r"^export KUBECONFIG=(.+)$", proc.stdout, re.M)
     if not m:
         pytest.fail(f"tests/cluster/up.sh printed no 'export KUBECONFIG=' line:\n{output}", pytrace=False)
@@ -233,6 +274,47 @@ def kube_cluster() -> Iterator[KubeCluster]:
         )
         if down.returncode != 0:
             warnings.warn(f"tests/cluster/down.sh failed ({down.returncode}):\n{down.stderr}\n{down.stdout}", stacklevel=2)
+
+
+def heal_cluster() -> str:
+    """The fixtures' health step: if any component of the cluster is down or not
+    answering, run up.sh, which restarts what is missing (cheap when whole: one
+    ``health.sh status``). Returns what was mended ("" when nothing was) and fails
+    the test if the cluster is still not whole afterwards."""
+    whole, before = cluster_health()
+    if whole:
+        return ""
+    _run_up(float(os.environ.get("ENVPOOL_CLUSTER_UP_TIMEOUT", "3600")))
+    whole, after = cluster_health()
+    if not whole:
+        pytest.fail(f"the test cluster is not whole after up.sh:\n{after}", pytrace=False)
+    mended = "\n".join(line for line in before.splitlines() if " ok " not in f"{line} ")
+    print(f"\n[kube_cluster] mended the test cluster; was:\n{mended}")
+    return mended
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster_whole(request: pytest.FixtureRequest) -> None:
+    """Before each e2e module that uses the cluster, make sure it is whole: a
+    component that died during an earlier module (a lost leader lease, an OOM
+    kill) is restarted here instead of failing every test after it."""
+    module_items = [i for i in request.session.items if i.module is request.module]  # type: ignore[attr-defined]
+    if any("kube_cluster" in i.fixturenames for i in module_items):  # type: ignore[attr-defined]
+        request.getfixturevalue("kube_cluster")
+        heal_cluster()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """When an e2e test fails, say which components of the test cluster were down
+    at that moment, so a harness failure never reads as a product failure."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and "kube_cluster" in getattr(item, "fixturenames", ()):
+        whole, status = cluster_health()
+        head = ("every component was up: not a harness failure" if whole else
+                "SOME COMPONENTS WERE DOWN: this failure may be the test harness's, not the product's")
+        report.sections.append((f"test cluster at failure ({call.when})", f"{head}\n{status}"))
 
 
 @pytest.fixture(scope="session")

@@ -70,3 +70,19 @@ class StampEnv(gym.Env[Any, Any]):
 
 def make_stamp_env() -> StampEnv:
     return StampEnv()
+
+
+def make_hang_once(flag_file: str, counter_file: str) -> CountingCartPole:
+    """The first construction (across processes) hangs forever; the others are quick."""
+    try:
+        os.close(os.open(flag_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return CountingCartPole(counter_file)
+    threading.Event().wait()  # a simulator that never finishes starting
+    raise AssertionError("unreachable")
+
+
+def make_hanging_env() -> gym.Env[Any, Any]:
+    """Every construction hangs forever."""
+    threading.Event().wait()
+    raise AssertionError("unreachable")

@@ -727,3 +727,293 @@ def test_a_trainer_paused_past_its_lease_gets_lease_lost_on_its_next_call(
             proc.send_signal(signal.SIGCONT)
             proc.kill()
         _destroy(server)
+
+
+# ------------------------------------- the pool's state across its own faults (#28)
+def test_a_hung_env_constructor_times_out_its_start_and_is_restarted(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """The first env constructor hangs: its actor's start is failed after
+    startTimeoutSeconds (a timeout, said in lastError) and its replacement starts."""
+    counter = tmp_path / "constructed"
+    doc = _spec("hungonce", counter, replicas=2, per_actor=1)
+    doc["spec"]["env"] = {"entrypoint": "pool_envs:make_hang_once",
+                          "kwargs": {"flag_file": str(tmp_path / "hung"),
+                                     "counter_file": str(counter)}}
+    # the deadline covers the actor's process start and imports too: seconds on a
+    # loaded 2-core machine
+    doc["spec"]["faultTolerance"]["startTimeoutSeconds"] = 20
+    server = _server(doc)
+    try:
+        st = server.wait_ready(90)
+        assert st["restarts"] == 1 and constructions(str(counter)) == 2
+        assert "start timed out" in st["lastError"], st["lastError"]
+        assert "startTimeoutSeconds=20" in st["lastError"], st["lastError"]
+        assert server.registry.get_sample_value(
+            "envpool_env_failures_total", {"pool": "hungonce", "reason": "timeout"}) == 1
+        assert server.registry.get_sample_value(
+            "envpool_actor_restarts_total", {"pool": "hungonce"}) == 1
+    finally:
+        _destroy(server)
+
+
+def test_hanging_env_constructors_are_failed_after_their_restarts(cluster: Cluster) -> None:
+    """Every constructor hangs: each actor is restarted maxRestarts times, then the
+    slot is failed; none stays "starting" with nothing said."""
+    doc = {"metadata": {"name": "hungall"}, "spec": {
+        "env": {"entrypoint": "pool_envs:make_hanging_env"},
+        "replicas": 2, "envsPerActor": 1,
+        "faultTolerance": {"restartBackoffSeconds": 0, "startTimeoutSeconds": 1,
+                           "maxRestarts": 1}}}
+    server = _server(doc)
+    try:
+        st = wait_for(lambda: (s := server.status()).get("failedEnvs") == 2 and s, 60,
+                      "both slots failed")
+        assert (st["readyEnvs"], st["startingEnvs"]) == (0, 0)
+        assert st["restarts"] == 2 and all(s["restarts"] == 1 for s in st["slots"])
+        for s in st["slots"]:
+            assert "start timed out" in s["lastError"] and "not restarted" in s["lastError"], s
+        assert "start timed out" in st["lastError"]
+        assert server.registry.get_sample_value(
+            "envpool_env_failures_total", {"pool": "hungall", "reason": "timeout"}) == 4
+        # the hung actors were killed, not left behind
+        wait_for(lambda: _named_actors(server.ray_namespace) == ["envpool-registry"], 30,
+                 "hung actors killed")
+
+        # a restarted pool server keeps them failed (with restarts and reason), rather
+        # than taking slots without actors for new ones to start from scratch
+        server.close()
+        server = _server(doc)
+        wait_for(lambda: server.healthy(), 30, "restarted server ticking")
+        st = server.status()
+        assert (st["failedEnvs"], st["restarts"], st["actors"]) == (2, 2, 2), st
+        assert "start timed out" in st["lastError"], st["lastError"]
+        assert _named_actors(server.ray_namespace) == ["envpool-registry"], "nothing relaunched"
+    finally:
+        _destroy(server)
+
+
+def test_a_lease_granted_since_the_last_supervisor_pass_survives_a_scale_down(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """The test drives the passes: the pool server learns the leases at the end of a
+    pass; a trainer leases every actor after that, and the next pass scales down.
+    The leased actors stay (the registry is asked at the moment of removal)."""
+    counter = tmp_path / "constructed"
+    doc = _spec("latelease", counter, replicas=4, per_actor=2)
+    server = PoolServer(spec.parse_manifest(doc), http_port=-1, health_interval_s=0.3)
+    server.start()  # no supervision thread: each tick() below is one pass
+
+    def tick_until_ready() -> bool:
+        server.tick()
+        st = server.status()
+        return bool(st["readyEnvs"] == 4 and st["actors"] == st["readyActors"] == 2)
+
+    envs = None
+    try:
+        wait_for(tick_until_ready, 60, "pool ready")
+        server.tick()  # a pass that saw no lease
+        envs = attach("latelease", num_envs=4, trainer="late")
+        held = sorted(_actor_ids(envs))
+        envs.reset(seed=0)
+        doc["spec"]["replicas"] = 2
+        server.apply_spec(spec.parse_manifest(doc))
+        for _ in range(3):
+            server.tick()
+        st = server.status()
+        assert sorted(s["actorId"] for s in st["slots"]) == held
+        assert st["leasedEnvs"] == 4
+        for _ in range(2):
+            info = envs.step(np.zeros(4, dtype=np.int64))[4]
+            assert not info.get("_error", np.zeros(4, dtype=bool)).any(), info.get("error")
+        assert list(envs.restart_counts) == [0, 0, 0, 0]
+        envs.close()
+        envs = None
+        # released: now the pool shrinks, keeping the oldest actor
+        wait_for(lambda: (server.tick(), server.status()["totalEnvs"] == 2)[1], 30, "shrunk")
+        (kept,) = server.status()["slots"]
+        assert kept["slot"] == 0 and kept["actorId"] in held
+        assert constructions(str(counter)) == 4
+    finally:
+        if envs is not None:
+            envs.close()
+        _destroy(server)
+
+
+@pytest.mark.parametrize("registry_too", [False, True], ids=["server", "server-and-registry"])
+def test_pool_server_killed_during_a_slots_restart_backoff_keeps_the_slot(
+        cluster: Cluster, tmp_path: Path, registry_too: bool) -> None:
+    """A leased slot's actor dies; the pool server puts the slot in a long restart
+    backoff and is SIGKILLed there (and the registry actor is killed too, as when
+    the head pod restarts). The restarted server rebuilds the slot from the
+    registry (restarts and all) and restarts it: the trainer's envs come back."""
+    import yaml
+
+    counter = tmp_path / "constructed"
+    name = "backoff-reg" if registry_too else "backoff"
+    doc = _spec(name, counter, replicas=4, per_actor=2)
+    doc["spec"]["faultTolerance"]["restartBackoffSeconds"] = 120
+    config = tmp_path / "pool.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+
+    def status() -> dict[str, Any] | None:
+        try:
+            return _status(url, "?detail=1")
+        except OSError:
+            return None
+
+    proc = _start_serve(config, cluster.address, port, log)
+    envs = None
+    try:
+        first = wait_for(lambda: (s := status()) and s["readyEnvs"] == 4
+                         and s["actors"] == s["readyActors"] and s, 90,
+                         f"pool server ready (log: {log})")
+        envs = attach(name, trainer="survivor", num_envs=4)
+        assert envs.slots == [0, 1]
+        envs.reset(seed=1)
+        envs.step(np.zeros(4, dtype=np.int64))
+        # slot 0's actor dies (not the last slot: a new slot there would hide the loss)
+        ray.kill(envs.actors[0], no_restart=True)
+
+        def errors_seen() -> list[bool] | None:
+            info = envs.step(np.zeros(4, dtype=np.int64))[4]
+            return list(info["_error"]) if "_error" in info else None
+
+        assert wait_for(errors_seen, 30, "the dead actor noticed") == [True, True, False, False]
+        st = wait_for(lambda: (s := status()) and s["slots"][0]["state"] == "backoff" and s,
+                      30, f"slot 0 in restart backoff (log: {log})")
+        assert st["slots"][0]["restarts"] == 1
+
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        if registry_too:
+            reg = pool_registry.get_registry(spec.ray_namespace(name))
+            pid = ray.get(reg.__ray_call__.remote(lambda self: os.getpid()))
+            ray.kill(reg, no_restart=False)
+
+            def restarted() -> bool:
+                try:
+                    return bool(ray.get(reg.__ray_call__.remote(lambda self: os.getpid()),
+                                        timeout=5) != pid)
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    return False
+
+            wait_for(restarted, 30, "registry restarted")
+        proc = _start_serve(config, cluster.address, port, log)
+        # the trainer's step waits for the replacement of slot 0's actor
+        t0 = time.monotonic()
+        info = envs.step(np.zeros(4, dtype=np.int64))[4]
+        assert time.monotonic() - t0 < 90
+        assert not info.get("_error", np.zeros(4, dtype=bool)).any(), info.get("error")
+        envs.step(np.zeros(4, dtype=np.int64))
+        assert list(envs.restart_counts) == [1, 1, 0, 0]
+        again = wait_for(lambda: (s := status()) and s["readyEnvs"] == 4 and s, 60,
+                         f"restarted pool server ready (log: {log})")
+        assert [s["slot"] for s in again["slots"]] == [0, 1]
+        assert again["slots"][0]["actorId"] not in {s["actorId"] for s in first["slots"]}
+        assert again["slots"][1]["actorId"] == first["slots"][1]["actorId"]
+        assert again["slots"][0]["restarts"] == 1 and again["restarts"] == 1
+        assert again["leasedEnvs"] == 4
+        assert constructions(str(counter)) == 6
+        envs.close()
+        envs = None
+    finally:
+        if envs is not None:
+            envs.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        cleanup = _server(doc)  # adopts the actors, then removes them
+        _destroy(cleanup)
+
+
+@pytest.mark.parametrize("b_waits", ["through-the-restart", "after-the-restart"])
+def test_a_restarted_registry_keeps_a_live_trainers_envs_from_another(
+        cluster: Cluster, tmp_path: Path, b_waits: str) -> None:
+    """The registry actor is killed (Ray restarts it); trainer B attaches before A's
+    next heartbeat: while the registry restarts (wait_s rides it out), or once it is
+    back with the layout republished. B must not get A's envs; A keeps stepping."""
+    counter = tmp_path / "constructed"
+    name = {"through-the-restart": "regkill-during", "after-the-restart": "regkill-after"}[b_waits]
+    server = _server(_spec(name, counter, replicas=4, per_actor=2))
+    try:
+        server.wait_ready(60)
+        a = attach(name, num_envs=2, trainer="A")  # heartbeats every 20 s
+        a.reset(seed=0)
+        a.step(np.zeros(2, dtype=np.int64))
+        reg = pool_registry.get_registry(spec.ray_namespace(name))
+
+        def registry_pid_and_slots() -> tuple[int, int]:
+            return ray.get(reg.__ray_call__.remote(
+                lambda self: (os.getpid(), len(self._slots))), timeout=5)
+
+        old_pid, _ = registry_pid_and_slots()
+        ray.kill(reg, no_restart=False)
+        if b_waits == "through-the-restart":
+            b = attach(name, num_envs=2, wait_s=60, trainer="B")
+        else:
+            def republished() -> bool:
+                try:
+                    pid, slots = registry_pid_and_slots()
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    return False
+                return pid != old_pid and slots == 2  # (a kill lands a moment later)
+
+            wait_for(republished, 30, "registry back with the layout")
+            b = attach(name, num_envs=2, trainer="B")
+        assert set(b.slots).isdisjoint(a.slots), (a.slots, b.slots)
+        with pytest.raises(pool_registry.LeaseError, match=r"0 free \(4 leased\)"):
+            attach(name, num_envs=2)
+        b.reset(seed=1)
+        for _ in range(3):
+            a.step(np.zeros(2, dtype=np.int64))
+            b.step(np.zeros(2, dtype=np.int64))
+        assert not a.lease_lost and not b.lease_lost
+        layout = ray.get(reg.layout.remote())
+        assert sorted(lease["trainer"] for lease in layout["leases"]) == ["A", "B"]
+        # the pool server rode the restart out: no failed tick to show as lastError
+        assert server.status()["lastError"] == "", server.status()["lastError"]
+        a.close()
+        b.close()
+        assert constructions(str(counter)) == 4
+    finally:
+        _destroy(server)
+
+
+def test_an_actor_that_died_while_no_pool_server_ran_is_restarted_in_its_slot(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """The registry shows slot 0 ready, but its actor died while the pool server was
+    down: the next pool server restarts it in slot 0 (a failure, counted) instead of
+    dropping the slot, and the trainer leasing it gets its envs back."""
+    counter = tmp_path / "constructed"
+    doc = _spec("unseen", counter, replicas=4, per_actor=2)
+    server = _server(doc)
+    envs = None
+    try:
+        first = server.wait_ready(60)
+        envs = attach("unseen", num_envs=4, trainer="t")
+        envs.reset(seed=0)
+        server.close()  # no pool server from here ...
+        ray.kill(envs.actors[0], no_restart=True)
+        wait_for(lambda: len(_named_actors(server.ray_namespace)) == 2, 30, "actor gone")
+        server = _server(doc)  # ... until this one
+        st = server.wait_ready(60)
+        assert [s["slot"] for s in st["slots"]] == [0, 1]
+        assert st["slots"][0]["actorId"] != first["slots"][0]["actorId"]
+        assert st["slots"][1]["actorId"] == first["slots"][1]["actorId"]
+        assert st["restarts"] == 1 and "gone when the pool server restarted" in st["lastError"]
+        assert st["leasedEnvs"] == 4
+        errored = np.zeros(4, dtype=bool)
+        deadline = time.monotonic() + 60
+        while not errored[:2].all():
+            assert time.monotonic() < deadline, errored
+            info = envs.step(np.zeros(4, dtype=np.int64))[4]
+            errored |= info.get("_error", np.zeros(4, dtype=bool))
+        envs.step(np.zeros(4, dtype=np.int64))
+        assert list(envs.restart_counts) == [1, 1, 0, 0] and not errored[2:].any()
+        assert constructions(str(counter)) == 6
+    finally:
+        if envs is not None:
+            envs.close()
+        _destroy(server)

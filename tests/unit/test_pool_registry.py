@@ -216,3 +216,91 @@ def test_env_resource_required_places_by_it_without_asking_ray() -> None:
     required = ActorSet(pool, ray_namespace="ns", metrics=metrics, health_interval_s=1.0,
                         actor_options={}, env_resource=True)
     assert required._has_env_resource() is True  # no Ray connected: it did not ask
+
+
+# ------------------------------------------- the registry's own restart (#28)
+def test_leases_survive_a_restart_of_the_registry() -> None:
+    """Ray restarts a crashed registry empty; its store gives the leases back, so a
+    second trainer is not granted the envs of a live one that has not renewed yet."""
+    from remote_env.pool.registry_store import MemoryStore
+
+    store, clock, fences = MemoryStore(), Clock(), Fences()
+    reg = PoolRegistry("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
+    reg.server_sync(_slots(2, 2), {"signature": "s"}, timeout=0)
+    a = reg.acquire("a", 2, ttl_s=30)
+
+    clock.t += 25  # a's lease has 5 s left; the restart gives it a full ttl again
+    again = PoolRegistry("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
+    # the layout is kept too: what a restarted pool server adopts, what B is granted from
+    layout = again.layout()
+    assert layout["slots"] == _slots(2, 2) and layout["pool_info"] == {"signature": "s"}
+    b = again.acquire("b", 2, ttl_s=30)
+    assert b["pool_info"] == {"signature": "s"}
+    assert {s.slot for s in b["slots"]}.isdisjoint(s.slot for s in a["slots"])
+    assert b["epoch"] > a["epoch"]  # epochs count on from the store
+    with pytest.raises(LeaseError, match=r"0 free \(4 leased\)"):
+        again.acquire("c", 2, ttl_s=30)
+    assert again.renew(a["lease_id"], "a", [s.slot for s in a["slots"]], 30, a["epoch"])
+    (slot_a,) = [s.slot for s in a["slots"]]
+    assert again.request_replace(slot_a, f"id{slot_a}-1", "actor_died", a["lease_id"])
+    clock.t += 29  # a full ttl from the restart: still a's
+    assert again.layout()["leased_slots"][slot_a] == a["lease_id"][:8]
+    assert again.release(a["lease_id"])
+    # a release is kept too, and so is a withdrawal (scale-down)
+    assert again.withdraw([0, 1]) == [slot_a]
+    third = PoolRegistry("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
+    assert sorted(lease["trainer"] for lease in third.layout()["leases"]) == ["b"]
+    assert [s.slot for s in third.layout()["slots"]] == [1 - slot_a]
+
+
+def test_a_registry_without_a_store_record_starts_empty() -> None:
+    from remote_env.pool import registry_store
+
+    assert registry_store.load_book(None, 0.0) == registry_store.Book()
+    assert registry_store.load_layout(None) == registry_store.Layout()
+    # a record written by an older SlotInfo (fewer fields) or a newer one (more) loads
+    doc = registry_store.dump_layout(_slots(2), {"document": {"a": 1}}, 3)
+    doc = doc.replace('"streak": 0', '"streak": 0, "from_the_future": 1')
+    assert registry_store.load_layout(doc) == registry_store.Layout(
+        tuple(_slots(2)), {"document": {"a": 1}}, 3)
+
+
+def test_an_acquire_asked_again_with_its_lease_id_is_the_same_lease() -> None:
+    """A retry of a grant whose answer was lost (Ray: 'may or may not have been
+    executed') must not hold a second set of envs."""
+    fences = Fences()
+    reg, _ = _registry(2, 2, fences=fences)
+    first = reg.acquire("a", 2, ttl_s=10, lease_id="mine")
+    again = reg.acquire("a", 2, ttl_s=10, lease_id="mine")
+    assert (again["lease_id"], again["slots"], again["epoch"]) == (
+        "mine", first["slots"], first["epoch"])
+    assert len(reg.layout()["leases"]) == 1
+    assert fences.calls[-1] == (["host-00000-g1"], first["epoch"])  # fenced again: idempotent
+    assert [s.slot for s in reg.acquire("b", 2, ttl_s=10)["slots"]] == [1]
+
+
+def test_withdraw_takes_only_unleased_actors_out_of_reach_of_grants() -> None:
+    """The pool server's scale-down asks at the moment of removal: a lease granted
+    since its last sync keeps its actor; a withdrawn actor is granted to no one."""
+    reg, _ = _registry(2, 2, 2)
+    late = reg.acquire("late", 2, ttl_s=10)  # after the server's last sync
+    (held,) = [s.slot for s in late["slots"]]
+    assert reg.withdraw([2, 1, 0]) == [s for s in (2, 1, 0) if s != held]
+    assert sorted(reg.layout()["leased_slots"]) == [held]
+    with pytest.raises(LeaseError, match="cannot lease num_envs=2: 0 free"):
+        reg.acquire("b", 2, ttl_s=10)
+    assert reg.withdraw([held]) == []
+
+
+def test_scale_down_plans_whole_free_actors_newest_first_then_a_cut() -> None:
+    from remote_env.pool.actors import plan_scale_down
+    from remote_env.pool.slot import Slot
+
+    slots = [Slot(0, 4), Slot(1, 4), Slot(2, 4), Slot(3, 2)]
+    remove, cut, by = plan_scale_down(slots, 6, leased={})
+    assert ([s.slot for s in remove], cut, by) == ([3, 2], None, 0)
+    remove, cut, by = plan_scale_down(slots, 3, leased={3: "x"})
+    assert ([s.slot for s in remove], cut is not None and cut.slot, by) == ([], 2, 3)
+    remove, cut, by = plan_scale_down(slots, 5, leased={2: "x", 1: "y"})
+    assert ([s.slot for s in remove], cut is not None and cut.slot, by) == ([3], 0, 3)
+    assert plan_scale_down(slots, 4, leased={0: "a", 1: "b", 2: "c", 3: "d"}) == ([], None, 0)

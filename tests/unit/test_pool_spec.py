@@ -49,6 +49,12 @@ def test_defaults_and_derived_values() -> None:
     assert spec.parse_manifest(_doc(suspend=True)).desired_envs == 0
     no_hang = spec.parse_manifest(_doc(faultTolerance={"stepTimeoutSeconds": 0}))
     assert no_hang.fault_tolerance.step_timeout is None
+    # an actor's start (its envs' constructors) has its own, longer deadline
+    assert pool.fault_tolerance.start_timeout == 300.0
+    no_start_limit = spec.parse_manifest(_doc(faultTolerance={"startTimeoutSeconds": 0}))
+    assert no_start_limit.fault_tolerance.start_timeout is None
+    assert spec.parse_manifest(_doc(faultTolerance={"startTimeoutSeconds": 5})).to_manifest()[
+        "faultTolerance"]["startTimeoutSeconds"] == 5
     bare = spec.parse_manifest({"env": {"id": "CartPole-v1"}, "replicas": 2}, name="bare")
     assert bare.name == "bare" and bare.namespace == "default"
 

@@ -1,0 +1,143 @@
+"""What the pool's registry keeps outside itself, so that its restart loses nothing.
+
+Ray restarts a crashed registry actor (``max_restarts=-1``) empty. It writes two
+records to a :class:`RegistryStore` and reads them back when it starts:
+
+* the lease book (:class:`Book`: leases, the epoch each slot was last granted at,
+  the last epoch), written before any caller hears of a change, so a live
+  trainer keeps its envs and nobody else is granted them;
+* the layout the pool server last published (:class:`Layout`), so a pool server
+  that restarts with it (the head pod) still finds every slot, those in restart
+  backoff included. The pool server stays its owner: it republishes on restart.
+
+In a Ray cluster the store is Ray's GCS key-value store (:class:`RayKVStore`),
+which outlives the actor, and, with GCS fault tolerance, the head; Ray Serve's
+controller keeps its checkpoints the same way. The records are JSON, read and
+written by pure functions here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+from remote_env.pool.leases import Lease
+from remote_env.pool.slot import SlotInfo
+
+LEASES: Final = "leases"
+LAYOUT: Final = "layout"
+
+
+class RegistryStore(Protocol):
+    """Named text records (``LEASES``, ``LAYOUT``) kept outside the registry actor."""
+
+    def load(self, record: str) -> str | None: ...
+
+    def save(self, record: str, doc: str) -> None: ...
+
+
+class MemoryStore:
+    """A :class:`RegistryStore` in memory: in-process tests, or shared by several
+    :class:`~remote_env.pool.registry.PoolRegistry` objects to play a restart."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, str] = {}
+
+    def load(self, record: str) -> str | None:
+        return self.records.get(record)
+
+    def save(self, record: str, doc: str) -> None:
+        self.records[record] = doc
+
+
+#: Ray KV namespace of the registries' records; the key is ``<pool's Ray namespace>/<record>``.
+KV_NAMESPACE: Final = "envpool-registry"
+
+
+@dataclasses.dataclass(frozen=True)
+class RayKVStore:
+    """A :class:`RegistryStore` in Ray's GCS key-value store."""
+
+    prefix: str
+
+    def load(self, record: str) -> str | None:
+        from ray.experimental import internal_kv
+
+        raw = internal_kv._internal_kv_get(f"{self.prefix}/{record}", namespace=KV_NAMESPACE)
+        return None if raw is None else raw.decode()
+
+    def save(self, record: str, doc: str) -> None:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_put(f"{self.prefix}/{record}", doc, overwrite=True,
+                                     namespace=KV_NAMESPACE)
+
+    def clear(self) -> None:
+        """Forget the pool (it is destroyed)."""
+        from ray.experimental import internal_kv
+
+        for record in (LEASES, LAYOUT):
+            internal_kv._internal_kv_del(f"{self.prefix}/{record}", namespace=KV_NAMESPACE)
+
+
+# ------------------------------------------------------------------ leases
+@dataclasses.dataclass(frozen=True)
+class Book:
+    """The leases, the epoch each slot was last granted at (the actors' fences) and
+    the last epoch handed out."""
+
+    leases: tuple[Lease, ...] = ()
+    slot_epoch: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    last_epoch: int = 0
+
+
+def dump_book(leases: Iterable[Lease], slot_epoch: Mapping[int, int], last_epoch: int) -> str:
+    return json.dumps({
+        "leases": [{"lease_id": x.lease_id, "trainer": x.trainer, "slots": list(x.slots),
+                    "ttl_s": x.ttl_s, "epoch": x.epoch} for x in leases],
+        "slot_epoch": {str(s): e for s, e in slot_epoch.items()},
+        "last_epoch": last_epoch,
+    })
+
+
+def load_book(doc: str | None, now: float) -> Book:
+    """The :class:`Book` in ``doc``. Each lease gets a full ttl from ``now``: when it
+    was last renewed is not kept (a renewal writes nothing), so its holder gets the
+    benefit of the doubt."""
+    if not doc:
+        return Book()
+    raw = json.loads(doc)
+    leases = tuple(Lease(x["lease_id"], x["trainer"], [int(s) for s in x["slots"]],
+                         float(x["ttl_s"]), now + float(x["ttl_s"]), now, int(x["epoch"]))
+                   for x in raw.get("leases", []))
+    return Book(leases, {int(s): int(e) for s, e in raw.get("slot_epoch", {}).items()},
+                int(raw.get("last_epoch", 0)))
+
+
+# ------------------------------------------------------------------ layout
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The pool server's last published layout and pool info; generation 0: none."""
+
+    slots: tuple[SlotInfo, ...] = ()
+    pool_info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    generation: int = 0
+
+
+_SLOT_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(SlotInfo))
+
+
+def dump_layout(slots: Sequence[SlotInfo], pool_info: Mapping[str, Any], generation: int) -> str:
+    return json.dumps({"slots": [dataclasses.asdict(s) for s in slots],
+                       "pool_info": dict(pool_info), "generation": generation}, default=str)
+
+
+def load_layout(doc: str | None) -> Layout:
+    if not doc:
+        return Layout()
+    raw = json.loads(doc)
+    slots = tuple(SlotInfo(**{k: v for k, v in s.items() if k in _SLOT_FIELDS})
+                  for s in raw.get("slots", []))
+    return Layout(slots, dict(raw.get("pool_info", {})), int(raw.get("generation", 0)))

@@ -153,7 +153,8 @@ class ActorSet:
     restart_failed: bool
     max_restarts: int
     restart_backoff_s: float
-    start_timeout_s: float
+    start_timeout_s: float | None
+    close_timeout_s: float | None
     metrics: Any
     transport: str
     spin_us: float

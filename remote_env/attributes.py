@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from remote_env import channel, checks
+from remote_env import channel, checks, interrupts
 from remote_env.calls import CallLoop
 
 
@@ -101,10 +101,19 @@ class EnvAttributes(CallLoop):
                       env_ids: np.ndarray | None = None) -> dict[int, Any]:
         """``method`` on the hosts of ``env_ids`` (all when None); each result by env id.
         A callable in ``rest`` is called with the host's env ids to give its argument."""
+        # an interrupt lands only in a wait: the replies not taken then are matched to
+        # their own calls by id and dropped, never read as another call's
+        with interrupts.deferred():
+            return self._on_each_host_now(method, name, *rest, env_ids=env_ids)
+
+    def _on_each_host_now(self, method: str, name: str, *rest: Any,
+                          env_ids: np.ndarray | None = None) -> dict[int, Any]:
         self._check_open()
         while any(not h.up and h.broken is None for h in self._hosts):
             wake = self._advance()  # a replacement still due: wait for it
-            time.sleep(0.0 if wake is None else min(max(wake - time.perf_counter(), 0.0), 0.05))
+            with interrupts.interruptible():
+                time.sleep(0.0 if wake is None
+                           else min(max(wake - time.perf_counter(), 0.0), 0.05))
         refs, groups = [], []
         for h, mine in self._by_host(env_ids):
             args = [r(mine) if callable(r) else r for r in rest]

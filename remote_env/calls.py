@@ -11,11 +11,12 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import time
+import warnings
 from typing import Any
 
 import numpy as np
 
-from remote_env import channel, errors
+from remote_env import channel, errors, interrupts
 from remote_env.actor_set import Call, Deferred
 from remote_env.assembly import Batches
 from remote_env.faults import FaultHandling
@@ -24,20 +25,36 @@ from remote_env.faults import FaultHandling
 _ALL = np.arange(0)
 
 
+def _in_order(ids: np.ndarray) -> bool:
+    """``ids`` (distinct, in ``[0, n)``, all ``n`` of them) are ``0..n-1`` in order.
+
+    Why: ``per_env[j]`` belongs to ``ids[j]``; only then is it also env ``j``'s, which
+    the every-env fast path assumes. A send naming every env in another order (two
+    recv() batches joined) goes through the per-host gather like any subset.
+    """
+    return len(ids) < 2 or bool((ids[1:] > ids[:-1]).all())
+
+
 class CallLoop(FaultHandling):
     """Mixin of :class:`~remote_env.vector.RemoteVectorEnv`: the calls in flight."""
 
-    _gathered: Batches
+    #: results received and not handed to the caller yet (their envs stay busy)
+    _ready: Batches
+    #: calls in flight no caller waits for any more (see _orphan_all)
+    _orphans: dict[Any, Call]
     splits_per_actor: int
 
     def _submit(self, ids: np.ndarray, per_env: Any, options: dict[str, Any] | None, *,
                 is_reset: bool) -> None:
         """One call per host (per split of it) for the envs ``ids``; ``per_env[j]`` belongs
         to ``ids[j]``."""
+        if self._orphans:
+            self._drain_orphans()
         hosts_of = self._env_host[ids]
         groups: list[tuple[int, np.ndarray | None]]
-        if len(ids) == self.num_envs and not is_reset:
-            groups = [(h, None) for h in range(len(self._hosts))]  # every env, in host order
+        if len(ids) == self.num_envs and not is_reset and _in_order(ids):
+            # every env, ids in order: per_env[e] is env e's (sliced per host, no gather)
+            groups = [(h, None) for h in range(len(self._hosts))]
         elif hosts_of.min() == hosts_of.max():  # the usual recv/send loop: one actor's envs
             groups = [(int(hosts_of[0]), _ALL)]
         else:
@@ -153,31 +170,44 @@ class CallLoop(FaultHandling):
             held = any(isinstance(k, Deferred) and c.error is None for k, c in self._calls.items())
             if held and len(ready_set | hung) == len(live) and left is not None:
                 # only calls held for a replacement are left: sleep until it is due
-                time.sleep(min(max(wake - now, 0.0) if wake is not None else 0.0, 0.05))
+                with interrupts.interruptible():
+                    time.sleep(min(max(wake - now, 0.0) if wake is not None else 0.0, 0.05))
 
-    def _collect(self, keys: list[Any], hung: set[Any]) -> Batches:
-        """Results of ``keys`` as (global env ids, Batch); faults handled here.
+    def _collect(self, keys: list[Any], hung: set[Any]) -> None:
+        """Move the results of the finished calls ``keys`` into :attr:`_ready`, as
+        (global env ids, Batch); faults handled here.
 
-        Every call given is consumed (even when one raises), so a failure never
-        leaves stale calls behind; follow-up calls (SAME_STEP after a lost actor)
-        stay in flight.
+        Every call given is consumed before an error is raised, and the others'
+        results stay in ``_ready`` (returned by the next ``recv``, or carried on a
+        step's exception), so an error never drops what arrived beside it. A call
+        leaves ``_calls`` only once its result is in hand: an interrupt in a wait
+        here leaves it in flight, to be read again. Follow-up calls (SAME_STEP after
+        a lost actor) stay in flight.
         """
-        out: Batches = []
         raised: list[Exception] = []
         lost: list[Exception] = []
         for key in keys:
-            call = self._calls.pop(key)
-            self._busy[call.env_ids] = False
+            call = self._calls[key]
             host = self._hosts[call.host]
             try:
                 batch = self._result(key, call, key in hung)
             except errors.SubEnvironmentError as exc:
+                self._drop(key, call)
                 raised.append(exc)
                 continue
             except errors.LeaseLostError as exc:  # fenced out: the envs are someone else's
+                self._drop(key, call)
                 lost.append(exc)
                 continue
-            if batch is None:
+            except Exception as exc:  # anything else is this call's error: left in flight
+                self._drop(key, call)  # it would fail every later wait the same way
+                ids = call.env_ids.tolist()
+                raised.append(errors.ResultError(
+                    ids[0], f"the result for sub-environments {ids} could not be handled: "
+                    f"{type(exc).__name__}: {exc}"))
+                continue
+            del self._calls[key]
+            if batch is None:  # its follow-up call holds these envs now
                 continue
             for f in batch.failures:
                 e = int(host.env_ids[f.index])
@@ -192,27 +222,72 @@ class CallLoop(FaultHandling):
             # the reply's positions are the call's, in its order (the usual case): its ids
             same = isinstance(batch.indices, list) and batch.indices == call.positions
             ids = call.env_ids if same else host.env_ids[batch.indices]
-            out.append((ids, batch))
+            self._ready.append((ids, batch))
         if lost or raised:
             raise (lost or raised)[0]
-        return out
 
-    def _collect_all(self, timeout: float | None) -> Batches:
-        """Every call's result (step/reset); a timeout leaves them pending and resumable."""
+    def _drop(self, key: Any, call: Call) -> None:
+        """A call that ended in an error: off the books, its envs free to be sent again."""
+        del self._calls[key]
+        self._busy[call.env_ids] = False
+
+    def _wait_all(self, timeout: float | None) -> None:
+        """Wait for every call in flight, results into ``_ready`` (step/reset).
+
+        A timeout or an interrupt leaves the calls not yet finished in flight, so the
+        wait resumes; an env's error is raised once the finished calls are consumed.
+        """
         t_end = None if timeout is None else time.perf_counter() + timeout
         while self._calls:
             left = None if t_end is None else max(0.0, t_end - time.perf_counter())
             keys, hung = self._poll(every=True, timeout=left)
-            try:
-                self._gathered.extend(self._collect(keys, hung))
-            except BaseException:
-                self._abandon()
-                raise
-        out, self._gathered = self._gathered, []
+            self._collect(keys, hung)
+
+    def _take_ready(self) -> Batches:
+        """The results waiting to be handed out; their envs are free to be sent again."""
+        out, self._ready = self._ready, []
+        for ids, _ in out:
+            self._busy[ids] = False
         return out
 
-    def _abandon(self) -> None:
-        """Forget every call in flight (after an error raised from step/reset)."""
-        self._calls.clear()
+    def _orphan_all(self) -> None:
+        """The caller gave up on the calls in flight (a reset() cut short, a step that
+        raised): they are waited out before anything is sent again (:meth:`_drain_orphans`)."""
+        self._orphans.update(self._calls)
+        self._calls = {}
+        self._ready = []
         self._busy[:] = False
-        self._gathered = []
+
+    def _drain_orphans(self) -> None:
+        """Wait out the calls no caller waits for any more, results dropped.
+
+        Why: an env's next call must follow its previous one (a late reply must not be
+        read as a later call's, and the shared arrays hold one call's rows per env), and
+        failures in them still count (restarts, failed envs). An interrupt here leaves
+        the rest orphaned, waited out by the next send.
+        """
+        mine, ready = self._calls, self._ready
+        self._calls, self._orphans, self._ready = self._orphans, {}, []
+        try:
+            while self._calls:
+                try:
+                    self._wait_all(None)
+                except Exception as exc:  # an env failed in a call no one waits for
+                    warnings.warn(f"a call abandoned earlier (a step or reset that raised or "
+                                  f"was interrupted) failed as it finished: {exc}",
+                                  RuntimeWarning, stacklevel=2)
+        finally:
+            self._orphans.update(self._calls)
+            self._calls, self._ready = mine, ready
+            self._busy[:] = False
+            for call in self._calls.values():
+                self._busy[call.env_ids] = True
+            for ids, _ in self._ready:
+                self._busy[ids] = True
+
+    def _abandon(self) -> None:
+        """Forget every call in flight (close)."""
+        self._calls = {}
+        self._orphans = {}
+        self._busy[:] = False
+        self._ready = []

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing import AuthenticationError
 from typing import Any
 
-from remote_env import errors, wire
+from remote_env import errors, interrupts, wire
 
 AUTH_TIMEOUT_S = 5.0
 __all__ = ["AuthenticationError", "ChannelClosedError", "RemoteCallError", "ResultDecodeError"]
@@ -170,7 +170,7 @@ class ChannelServer:
             while True:
                 try:
                     call_id, op, body = frames.wait()
-                except (EOFError, OSError):  # the driver closed or died
+                except (EOFError, OSError, wire.FrameError):  # the driver closed or died
                     return
                 status, reply = self._reply(op, body)
                 try:
@@ -182,8 +182,11 @@ class ChannelServer:
         """(status, body) of the reply to one call."""
         try:
             if op == wire.PICKLED:
-                return wire.OK, wire.dumps(self._handler(pickle.loads(body)))
-            return wire.step_reply(self._handler(wire.step_message(op, body)))
+                status, reply = wire.OK, wire.dumps(self._handler(pickle.loads(body)))
+            else:
+                status, reply = wire.step_reply(self._handler(wire.step_message(op, body)))
+            wire.check_size(len(reply), "the reply")  # an error the driver can read instead
+            return status, reply
         except Exception as exc:  # decoding the call, the handler or the reply failed
             return wire.ERR, pickle.dumps(
                 exc if isinstance(exc, _PASS_THROUGH) else RemoteCallError.of(exc))
@@ -254,11 +257,23 @@ class Channel:
         else:
             op, body, call.positions = step
         try:
+            wire.check_size(len(body), "the call")
+        except wire.FrameError as exc:  # this call's failure only: nothing was sent
+            call.done, call.error = True, exc
+            return call
+        try:
             wire.send(self._sock, call_id, op, body)
         except OSError as exc:
             self._fail_all(ChannelClosedError(f"the host actor is gone: {exc}"))
             call.done, call.error = True, ChannelClosedError(f"the host actor is gone: {exc}")
             return call
+        except BaseException as exc:
+            # stopped part way through a frame: the actor would read the next call out of
+            # step, so this connection is done (the actor is reached by Ray calls or replaced)
+            self._fail_all(ChannelClosedError(
+                f"a call was cut short while being sent ({type(exc).__name__})"))
+            call.done, call.error = True, ChannelClosedError("the call was cut short")
+            raise
         self._pending[call_id] = call
         return call
 
@@ -276,17 +291,38 @@ class Channel:
 
     def read_one(self) -> None:
         """Read what arrived (the socket is readable): at least one whole reply, each
-        into its call."""
+        into its call.
+
+        An interrupt held meanwhile (:mod:`remote_env.interrupts`) stops it between two
+        reads with the partial frame kept, so the next read resumes it. Any other
+        failure part way closes the connection: a stream read out of step is never
+        read again (its calls fail as if the actor died; it is replaced).
+        """
+        frames = self._frames
         try:
-            self._frames.fill()
-            while (frame := self._frames.next()) is None:
-                self._frames.fill()  # the rest of a frame is on its way
+            frames.fill()
+            while (frame := frames.next()) is None:  # the rest of a frame is on its way
+                if interrupts.pending():
+                    return  # resumed by the next read; the interrupt is raised by the caller
+                if self._readable(0.05):  # a look now and then for a held interrupt
+                    frames.fill()
             while frame is not None:
                 self._settle(*frame)
-                frame = self._frames.next()
+                frame = frames.next()
         except (EOFError, OSError) as exc:
             self._fail_all(ChannelClosedError(
                 f"the host actor closed its channel ({type(exc).__name__}): it died"))
+        except wire.FrameError as exc:
+            self._fail_all(ChannelClosedError(f"the channel's stream is unreadable: {exc}"))
+        except BaseException as exc:
+            self._fail_all(ChannelClosedError(
+                f"a read of the channel failed part way ({type(exc).__name__}: {exc})"))
+            raise
+
+    def _readable(self, timeout_s: float) -> bool:
+        poller = select.poll()
+        poller.register(self._sock.fileno(), select.POLLIN)
+        return bool(poller.poll(math.ceil(timeout_s * 1000)))
 
     def _settle(self, call_id: int, status: int, body: memoryview) -> None:
         """Give one reply to its call: its value, or the error it stands for."""
@@ -316,10 +352,10 @@ class Channel:
                     f"the actor's reply could not be read here: {type(exc).__name__}: {exc}")
 
     def _fail_all(self, error: BaseException) -> None:
-        self.close()
         pending, self._pending = self._pending, {}
-        for call in pending.values():
+        for call in pending.values():  # with this error, not close()'s own
             call.done, call.error = True, error
+        self.close()
 
     def close(self) -> None:
         if not self.closed:
@@ -350,9 +386,27 @@ def _drain(calls: Sequence[ChannelCall], timeout: float | None) -> None:
     poller = select.poll()
     for fd in by_fd:
         poller.register(fd, select.POLLIN)
-    ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
-    for fd, _ in poller.poll(ms):
+    with interrupts.interruptible():  # nothing is half read while polling
+        ready = _poll(poller, timeout)
+    for fd, _ in ready:
         by_fd[fd].read_one()
+
+
+#: the longest a poll blocks at once. Why: an interrupt raised by Python alone
+#: (``_thread.interrupt_main``, a debugger) wakes no system call, so one long poll
+#: would hold it until a reply came; between slices it is raised.
+_SLICE_S = 0.1
+
+
+def _poll(poller: select.poll, timeout: float | None) -> list[tuple[int, int]]:
+    if timeout is not None and timeout <= _SLICE_S:
+        return poller.poll(max(0, math.ceil(timeout * 1000)))
+    end = None if timeout is None else time.perf_counter() + timeout
+    while True:
+        left = _SLICE_S if end is None else min(_SLICE_S, end - time.perf_counter())
+        ready = poller.poll(max(0, math.ceil(left * 1000)))
+        if ready or (end is not None and time.perf_counter() >= end):
+            return ready
 
 
 def wait(refs: Sequence[Any], num_returns: int, timeout: float | None,
@@ -362,7 +416,8 @@ def wait(refs: Sequence[Any], num_returns: int, timeout: float | None,
     if not calls:
         if not refs:
             return [], []
-        return ray.wait(list(refs), num_returns=num_returns, timeout=timeout)  # type: ignore[no-any-return]
+        with interrupts.interruptible():
+            return ray.wait(list(refs), num_returns=num_returns, timeout=timeout)  # type: ignore[no-any-return]
     ray_refs = [r for r in refs if not isinstance(r, ChannelCall)]
     deadline = None if timeout is None else time.perf_counter() + timeout
     polled = False
@@ -385,10 +440,12 @@ def wait(refs: Sequence[Any], num_returns: int, timeout: float | None,
             # both kinds pending (actors on this node and on others): take turns
             step = 0.0005 if left is None else min(left, 0.0005)
             _drain(calls, step)
-            ray.wait(ray_refs, num_returns=1, timeout=step)
+            with interrupts.interruptible():
+                ray.wait(ray_refs, num_returns=1, timeout=step)
         elif ray_refs:
-            ray.wait(ray_refs, num_returns=min(len(ray_refs), num_returns - n_ready),
-                     timeout=left)
+            with interrupts.interruptible():
+                ray.wait(ray_refs, num_returns=min(len(ray_refs), num_returns - n_ready),
+                         timeout=left)
         else:
             _drain(calls, left)
 
@@ -396,7 +453,8 @@ def wait(refs: Sequence[Any], num_returns: int, timeout: float | None,
 def get(ref: Any, ray: Any) -> Any:
     """``ray.get`` for one Ray ref or :class:`ChannelCall` (blocking)."""
     if not isinstance(ref, ChannelCall):
-        return ray.get(ref)
+        with interrupts.interruptible():
+            return ray.get(ref)
     while not ref.done:
         _drain([ref], None)
     if ref.error is not None:

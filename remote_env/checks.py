@@ -28,21 +28,28 @@ def positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
-def duration(name: str, value: Any, *, positive: bool = False) -> None:
-    """A time option: a finite real number, >= 0 (> 0 when ``positive``); NaN, inf,
-    bools and strings are refused (NaN compares false with everything: a plain
-    ``< 0`` lets it through)."""
-    ok = (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+def duration(name: str, value: Any, *, positive: bool = False, none: str | None = None) -> None:
+    """The one rule for every time option (constructor and call timeouts alike): a finite
+    real number, >= 0 (> 0 when ``positive``), or None where ``none`` says what None
+    means. NaN, inf, bools and strings are refused everywhere (NaN compares false with
+    everything, so a plain ``< 0`` lets it through; inf is spelt None where "no limit"
+    is allowed)."""
+    if value is None and none is not None:
+        return
+    ok = (isinstance(value, (int, float, np.integer, np.floating))
+          and not isinstance(value, (bool, np.bool_))
           and math.isfinite(value) and (value > 0 if positive else value >= 0))
     if not ok:
-        raise ValueError(f"{name} must be a finite number {'>' if positive else '>='} 0, "
+        also = f" (or None: {none})" if none is not None else ""
+        raise ValueError(f"{name} must be a finite number {'>' if positive else '>='} 0{also}, "
                          f"got {value!r}")
 
 
 def options(*, envs_per_actor: Any, threads_per_actor: Any, max_restarts: Any,
             batch_wait_ms: Any, step_timeout_s: Any, restart_backoff_s: Any,
             transport: Any, observation_mode: Any, spin_us: Any = 0.0,
-            splits_per_actor: Any = 1) -> None:
+            splits_per_actor: Any = 1, start_timeout_s: Any = 300.0,
+            close_timeout_s: Any = 5.0) -> None:
     """The constructor's numeric and enum options (before any actor exists)."""
     if envs_per_actor is not None:
         positive_int("envs_per_actor", envs_per_actor)
@@ -52,8 +59,9 @@ def options(*, envs_per_actor: Any, threads_per_actor: Any, max_restarts: Any,
             or max_restarts < 0:
         raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     duration("batch_wait_ms", batch_wait_ms)
-    if step_timeout_s is not None:
-        duration("step_timeout_s (or None: wait forever)", step_timeout_s, positive=True)
+    duration("step_timeout_s", step_timeout_s, positive=True, none="wait forever")
+    duration("start_timeout_s", start_timeout_s, none="a replacement may take forever to start")
+    duration("close_timeout_s", close_timeout_s, none="wait for every sub-env's close()")
     duration("restart_backoff_s", restart_backoff_s)
     duration("spin_us", spin_us)
     if transport not in TRANSPORTS:
@@ -85,21 +93,24 @@ def spaces(mode: Any, obs: Sequence[Any], act: Sequence[Any], n: int) -> tuple[A
     else:
         single, batched = obs[0], batch_differing_spaces(list(obs))
     for e, (o, a) in enumerate(zip(obs, act, strict=True)):
+        # gymnasium's own wording (its vector tests match it), then which env differs
         if mode == "same" and o != single:
             raise RuntimeError(
-                f"sub-environment {e} has observation space {o}, expected that of "
-                f"sub-environment 0: {single} (observation_mode='same', as SyncVectorEnv). If "
-                "this is intentional, use `observation_mode='different'` instead."
+                "RemoteVectorEnv(..., observation_mode='same') however the sub-environments "
+                f"observation spaces are not equivalent. sub-environment {e} has observation "
+                f"space {o}, expected that of sub-environment 0: {single}. If this is "
+                "intentional, use `observation_mode='different'` instead."
             )
         if mode != "same" and not is_space_dtype_shape_equiv(o, single):
             raise RuntimeError(
-                f"sub-environment {e} has observation space {o}, which does not share a common "
-                f"shape and dtype with {single} (observation_mode={mode!r})"
+                "RemoteVectorEnv(..., observation_mode='different' or custom space) however the "
+                "sub-environments observation spaces do not share a common shape and dtype, "
+                f"single_observation_space={single}, sub-environment {e} observation space={o}"
             )
         if a != act[0]:
             raise RuntimeError(
-                f"sub-environment {e} has action space {a}, expected that of sub-environment "
-                f"0: {act[0]}"
+                "Sub-environment action space doesn't make the `single_action_space`, "
+                f"sub-environment {e} action_space={a}, single_action_space={act[0]}"
             )
     return single, (batched if batched is not None else batch_space(single, n))
 

@@ -26,7 +26,12 @@ class SubEnvironmentError(RuntimeError):
     Attributes:
         index: the sub-environment's index in the vector env.
         remote_traceback: the traceback text from the actor that hosted it.
+        results: raised by ``step``/``step_wait``/``reset``, the results of the envs
+            whose reply did arrive (``recv``'s form, ids in ``info["env_id"]``), so an
+            error drops none of them; None otherwise (``recv`` returns them next time).
     """
+
+    results: tuple[object, ...] | None = None
 
     def __init__(self, index: int, message: str, remote_traceback: str = "") -> None:
         self.index = index

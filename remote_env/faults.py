@@ -82,7 +82,10 @@ class FaultHandling(ActorSet):
             if host.retry_at is not None:
                 if now >= host.retry_at:
                     host.retry_at = None
-                    self._start_replacement(h, host)
+                    try:
+                        self._start_replacement(h, host)
+                    except Exception as exc:  # raised here, its envs' calls would wait forever
+                        self._break(h, host, exc)
                 else:
                     wake = host.retry_at if wake is None else min(wake, host.retry_at)
             if host.replacing is not None:
@@ -111,19 +114,23 @@ class FaultHandling(ActorSet):
         try:
             host.handle = future.result()
         except Exception as exc:
-            self._failed[host.env_ids] = True
-            host.broken = errors.SubEnvironmentFailedError(
-                int(host.env_ids[0]),
-                f"the actor hosting sub-environments {host.env_ids.tolist()} could not be "
-                f"replaced: {type(exc).__name__}: {exc}",
-            )
-            for key, call in self._calls.items():
-                if isinstance(key, Deferred) and call.host == h:
-                    call.error = host.broken
+            self._break(h, host, exc)
             return
         host.owned = False
         self._created(host)
         self._resubmit(h)
+
+    def _break(self, h: int, host: Host, exc: Exception) -> None:
+        """The replacement of ``host`` failed for good: its envs' calls fail at once."""
+        self._failed[host.env_ids] = True
+        host.broken = errors.SubEnvironmentFailedError(
+            int(host.env_ids[0]),
+            f"the actor hosting sub-environments {host.env_ids.tolist()} could not be "
+            f"replaced: {type(exc).__name__}: {exc}",
+        )
+        for key, call in self._calls.items():
+            if isinstance(key, Deferred) and call.host == h:
+                call.error = host.broken
 
     def _replace(self, host: Host, reason: FailureReason, message: str) -> None:
         """The actor of ``host`` is lost: count it, kill it, schedule its replacement."""
@@ -163,6 +170,8 @@ class FaultHandling(ActorSet):
         holds even without step_timeout_s: a replacement that cannot be placed (no node
         with its resources) must not block the driver forever."""
         if call.starting:
+            if self.start_timeout_s is None:  # no limit on starting: none at all
+                return None
             return call.sent + (self.step_timeout_s or 0.0) + self.start_timeout_s
         if self.step_timeout_s is None:
             return None

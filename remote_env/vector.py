@@ -21,6 +21,7 @@ supervises. Where the rest lives (each imports only those above it):
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -29,7 +30,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from remote_env import actor_set as _actors
-from remote_env import checks, ray_connect
+from remote_env import checks, interrupts, ray_connect
 from remote_env.actor.host import EnvFn
 from remote_env.assembly import Assembler
 from remote_env.metrics import PoolMetrics
@@ -64,7 +65,12 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
         step_timeout_s: an actor that does not answer a call within this is killed
             and replaced (hang detection); None waits forever.
         start_timeout_s: extra time a replacement actor gets to start (its env
-            constructors may boot a simulator) before its first call counts as hung.
+            constructors may boot a simulator) before its first call counts as hung;
+            None: no limit.
+        close_timeout_s: how long :meth:`close` waits for the sub-envs' own ``close()``
+            (a last video written, a simulator's state saved) before it kills the actors
+            it created; envs whose close raised or did not finish are named in a
+            warning. None: wait for all of them.
         threads_per_actor: step an actor's sub-envs on this many threads (for envs
             that wait on I/O or release the GIL). Envs with ``async def astep`` and
             ``areset`` need none: they are awaited together on one event loop per
@@ -125,7 +131,8 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         restart_backoff_s: float = 0.0,
         step_timeout_s: float | None = None,
-        start_timeout_s: float = 300.0,
+        start_timeout_s: float | None = 300.0,
+        close_timeout_s: float | None = 5.0,
         threads_per_actor: int = 1,
         transport: str = "auto",
         spin_us: float = 0.0,
@@ -153,7 +160,8 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
                        max_restarts=max_restarts, batch_wait_ms=batch_wait_ms,
                        step_timeout_s=step_timeout_s, restart_backoff_s=restart_backoff_s,
                        transport=transport, observation_mode=observation_mode,
-                       spin_us=spin_us, splits_per_actor=splits_per_actor)
+                       spin_us=spin_us, splits_per_actor=splits_per_actor,
+                       start_timeout_s=start_timeout_s, close_timeout_s=close_timeout_s)
         self.num_envs = len(env_fns)
         self.env_fns = env_fns
         self.batch_wait_ms = float(batch_wait_ms)
@@ -165,6 +173,7 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
         self.restart_backoff_s = restart_backoff_s
         self.step_timeout_s = step_timeout_s
         self.start_timeout_s = start_timeout_s
+        self.close_timeout_s = close_timeout_s
         self._threads = threads_per_actor
         self._on_created = on_sub_environment_created
         self._actor_options = dict(actor_options or {})
@@ -193,21 +202,30 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
         #: of existing actors (a warm pool) are where their last user left them.
         self._was_reset = np.full(n, existing_actors is not None, dtype=np.bool_)
         self._calls: dict[Any, _actors.Call] = {}
-        self._gathered = []
+        self._ready = []
+        self._orphans = {}
         self._hosts: list[_actors.Host] = []
         self._env_host = np.zeros(n, dtype=np.int64)
         self._env_pos = np.zeros(n, dtype=np.int64)
         try:
-            infos = self._create_hosts(list(existing_actors or []))
-            info = infos[0]
-            self.multi_agent = bool(info["multi_agent"])
-            if not self.multi_agent:
-                obs_spaces, act_spaces = self._env_spaces(infos)
-                self.single_observation_space, self.observation_space = checks.spaces(
-                    observation_mode, obs_spaces, act_spaces, n)
+            # anything raised (an interrupt included) before the env is whole kills the
+            # actors created so far: nothing outlives a constructor that failed
+            self._set_up(list(existing_actors or []), observation_mode, copy)
         except BaseException:
             self._kill_owned()
             raise
+        self.closed = False
+
+    # ------------------------------------------------------------------ set-up
+    def _set_up(self, existing: list[Any], observation_mode: Any, copy: bool) -> None:
+        n = self.num_envs
+        infos = self._create_hosts(existing)
+        info = infos[0]
+        self.multi_agent = bool(info["multi_agent"])
+        if not self.multi_agent:
+            obs_spaces, act_spaces = self._env_spaces(infos)
+            self.single_observation_space, self.observation_space = checks.spaces(
+                observation_mode, obs_spaces, act_spaces, n)
         # the sub-envs have astep/areset and the actors await them (see actor/host.py)
         self.async_steps = bool(info.get("async_steps", False))
         self.single_action_space = info["action_space"]
@@ -226,9 +244,7 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
         self._assembler = Assembler(self.single_observation_space, n,
                                     multi_agent=self.multi_agent, copy=copy)
         self.metrics.track_states(self._state_counts)
-        self.closed = False
 
-    # ------------------------------------------------------------------ set-up
     @staticmethod
     def host_class() -> Any:
         """The Ray actor class hosting sub-envs (for ``existing_actors``)."""
@@ -274,21 +290,66 @@ class RemoteVectorEnv(Stepping, VectorEnv[Any, Any, Any]):  # type: ignore[misc]
         return self._restarts.copy()
 
     # ------------------------------------------------------------------ close
+    def close(self, **kwargs: Any) -> None:
+        """Close the sub-envs (each one's own ``close()``, within ``close_timeout_s``) and
+        kill the actors this vector env created. Idempotent; interrupted, it is done
+        all the same (the actors are killed) and the interrupt is raised."""
+        if self.closed:
+            return
+        try:
+            self.close_extras(**kwargs)
+        finally:
+            self.closed = True
+
     def close_extras(self, **kwargs: Any) -> None:
+        with interrupts.deferred():  # raised in the wait for the envs' close(), or after
+            try:
+                for h in self._hosts:
+                    self._drop_channel(h)
+                self._abandon()
+                self.metrics.untrack_states()
+                if self._executor is not None:
+                    self._executor.shutdown(wait=False, cancel_futures=True)
+                if self._ray.is_initialized():
+                    self._close_envs()
+            finally:
+                if self._ray.is_initialized():
+                    self._kill_owned()
+
+    def _close_envs(self) -> None:
+        """Each owned actor's sub-envs closed (bounded by ``close_timeout_s``), before the
+        actors are killed; envs whose close raised or did not finish are named in a
+        warning. Actors someone else owns (a pool's) keep their envs for the next user."""
+        refs: dict[Any, _actors.Host] = {}
         for h in self._hosts:
-            self._drop_channel(h)
-        self._abandon()
-        self.metrics.untrack_states()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-        if self._ray.is_initialized():
-            for h in self._hosts:
-                if h.owned:
-                    try:
-                        h.handle.close.remote()
-                    except Exception:
-                        pass
-            self._kill_owned()
+            # not the actors this env killed itself (failed envs, no restarts): nothing to close
+            if h.owned and h.up and not self._failed[h.env_ids].all():
+                try:
+                    refs[h.handle.close.remote()] = h
+                except Exception:  # the actor is gone: nothing to close there
+                    pass
+        if not refs:
+            return
+        with interrupts.interruptible():
+            done, late = self._ray.wait(list(refs), num_returns=len(refs),
+                                        timeout=self.close_timeout_s)
+        problems: list[str] = []
+        for ref in done:
+            host = refs[ref]
+            try:
+                failed = self._ray.get(ref)
+            except Exception as exc:  # the actor died while closing
+                problems.append(f"sub-environments {host.env_ids.tolist()}: "
+                                f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+                continue
+            for pos, message in failed or []:
+                problems.append(f"sub-environment {int(host.env_ids[pos])}: {message}")
+        for ref in late:
+            problems.append(f"sub-environments {refs[ref].env_ids.tolist()}: close() did not "
+                            f"finish within close_timeout_s={self.close_timeout_s}")
+        if problems:
+            warnings.warn("RemoteVectorEnv.close(): some sub-environments did not close "
+                          "cleanly: " + "; ".join(problems), RuntimeWarning, stacklevel=3)
 
     def _state_counts(self) -> dict[str, int]:
         restarting = self._replacing_envs()

@@ -26,9 +26,6 @@ Each frame is a fixed header ``<IQB`` (body size, call id, op or status) and a b
 
 Reads go into one preallocated buffer per connection, one ``recv_into`` a frame
 when it fits (``multiprocessing.connection`` spends two system calls a message).
-
-Reads go into one preallocated buffer per connection, one ``recv_into`` a frame
-when it fits (``multiprocessing.connection`` spends two system calls a message).
 """
 
 from __future__ import annotations
@@ -62,6 +59,21 @@ STEP_ARGS = struct.Struct("<qii")
 PICKLED, STEP, FENCED_STEP = 0, 1, 2  # calls
 OK, ERR, STEPPED, STEPPED_MORE = 0, 1, 2, 3  # replies
 BUFFER = 1 << 16  # per connection; a bigger frame gets a buffer of its own
+#: the largest body a frame may carry. A header read out of step would otherwise be
+#: taken as a size of up to 4 GiB, allocated and waited for forever; a real reply this
+#: big belongs in Ray's object store (``transport="ray"``).
+MAX_FRAME = 1 << 30
+
+
+class FrameError(ValueError):
+    """A frame over :data:`MAX_FRAME` (a desynced stream, or a value too big for it)."""
+
+
+def check_size(size: int, what: str) -> None:
+    if size > MAX_FRAME:
+        raise FrameError(
+            f"{what} of {size} bytes is over the channel's frame cap of {MAX_FRAME} bytes "
+            "(a reply this big belongs in Ray's object store: use transport='ray')")
 
 
 # ----------------------------------------------------------------- encoding
@@ -114,6 +126,7 @@ def frame(call_id: int, op: int, body: bytes = b"") -> bytes:
 
 
 def send(sock: socket.socket, call_id: int, op: int, body: bytes = b"") -> None:
+    check_size(len(body), "a frame")
     if len(body) < BUFFER:
         sock.sendall(frame(call_id, op, body))  # one system call
     else:  # no copy of a big body just to prepend 13 bytes
@@ -125,7 +138,9 @@ class Frames:
     """Reads frames from a socket into one reusable buffer.
 
     A frame's body is handed out as a view of the buffer: it must be used up (its
-    values unpickled or copied) before the next read, as both ends do.
+    values unpickled or copied) before the next read, as both ends do. A frame
+    bigger than the buffer is read into a buffer of its own, kept here between
+    reads, so a reader that stops halfway (an interrupt) resumes where it stopped.
     """
 
     def __init__(self, sock: socket.socket) -> None:
@@ -133,12 +148,26 @@ class Frames:
         self._buf = bytearray(BUFFER)
         self._view = memoryview(self._buf)
         self._start = self._end = 0  # the bytes read and not handed out yet
+        # a big frame being read: its call id, op, body and how much of it has arrived
+        self._big: tuple[int, int, memoryview] | None = None
+        self._big_got = 0
         #: before sleeping in ``recv``, look for the next frame this long (s), giving the
         #: core away between looks (see :meth:`~remote_env.channel.ChannelServer.spin`)
         self.spin_s = 0.0
 
+    @property
+    def mid_frame(self) -> bool:
+        """Part of a frame has been read (the rest is on its way)."""
+        return self._big is not None or self._end > self._start
+
     def fill(self) -> None:
         """One ``recv`` (blocks until something arrives). Raises EOFError at the end."""
+        if self._big is not None:  # the rest of a big frame goes into its own buffer
+            n = self._sock.recv_into(self._big[2][self._big_got:])
+            if n == 0:
+                raise EOFError("the peer closed the connection")
+            self._big_got += n
+            return
         if self._start == self._end:
             self._start = self._end = 0
         elif self._end == len(self._buf):  # a partial frame at the end: move it first
@@ -166,33 +195,34 @@ class Frames:
                 os.sched_yield()
 
     def next(self) -> tuple[int, int, memoryview] | None:
-        """The next frame read whole, as (call id, op or status, body); None: not yet."""
+        """The next frame read whole, as (call id, op or status, body); None: not yet.
+
+        Raises:
+            FrameError: the next header announces a body over :data:`MAX_FRAME`.
+        """
+        big = self._big
+        if big is not None:
+            if self._big_got < len(big[2]):
+                return None
+            self._big, self._big_got = None, 0
+            return big
         have = self._end - self._start
         if have < HEAD.size:
             return None
         size, call_id, op = HEAD.unpack_from(self._buf, self._start)
+        check_size(size, "a frame announced by the peer")
         total = HEAD.size + size
         if have < total:
             if total > len(self._buf):  # too big for the buffer: read the rest apart
-                return call_id, op, self._read_big(size)
+                body = memoryview(bytearray(size))
+                got = have - HEAD.size
+                body[:got] = self._view[self._start + HEAD.size:self._end]
+                self._start = self._end = 0
+                self._big, self._big_got = (call_id, op, body), got
             return None
         body = self._view[self._start + HEAD.size:self._start + total]
         self._start += total
         return call_id, op, body
-
-    def _read_big(self, size: int) -> memoryview:
-        """The body of a frame bigger than the buffer, in a buffer of its own."""
-        body = bytearray(size)
-        got = self._end - self._start - HEAD.size
-        body[:got] = self._view[self._start + HEAD.size:self._end]
-        self._start = self._end = 0
-        view = memoryview(body)
-        while got < size:
-            n = self._sock.recv_into(view[got:])
-            if n == 0:
-                raise EOFError("the peer closed the connection")
-            got += n
-        return view
 
     def wait(self) -> tuple[int, int, memoryview]:
         """The next frame, reading as long as it takes."""

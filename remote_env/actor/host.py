@@ -228,16 +228,25 @@ class SubEnvHost(HostTransport, SlotFaults):
     def restart_counts(self) -> list[int]:
         return [s.restarts for s in self._slots]
 
-    def close(self) -> None:
+    def close(self) -> list[tuple[int, str]]:
+        """Close every sub-env (after the call running, if any); return ``(position,
+        error)`` of those whose ``close()`` raised, for the driver to report.
+
+        The driver waits for this (``close_timeout_s``) before it kills the actor, so
+        an env's own cleanup (a last video written, a simulator's state saved) runs.
+        """
         if self._channel is not None:
             self._channel.close()
             self._channel = None
-        for slot in self._slots:
-            if slot.env is not None:
-                try:
-                    slot.env.close()
-                except Exception:  # closing is best effort; the actor is killed next
-                    pass
+        failed: list[tuple[int, str]] = []
+        with self._lock:  # not while a channel call is stepping these envs
+            for slot in self._slots:
+                close = getattr(slot.env, "close", None)  # a plain multi-agent env may have none
+                if callable(close):
+                    try:
+                        close()
+                    except Exception as exc:
+                        failed.append((slot.index, f"{type(exc).__name__}: {exc}"))
                 slot.env = None
         if self._pool is not None:
             self._pool.close()
@@ -247,6 +256,7 @@ class SubEnvHost(HostTransport, SlotFaults):
             if not self._loop_thread.is_alive():
                 self._loop.close()
             self._loop = self._loop_thread = None
+        return failed
 
     # --------------------------------------------------------------- internals
     def _map(

@@ -122,3 +122,111 @@ class DyingEnv(gym.Wrapper[Any, Any, Any, Any]):
     def step(self, action: Any) -> Any:
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable")
+
+
+class ClosingEnv(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole whose ``close()`` takes ``delay_s`` then writes ``path`` (a last video, a
+    simulator saving its state), or raises when ``fail``."""
+
+    def __init__(self, path: str, delay_s: float = 0.2, fail: bool = False) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.path, self.delay_s, self.fail = path, delay_s, fail
+
+    def close(self) -> None:
+        import time
+
+        time.sleep(self.delay_s)
+        if self.fail:
+            raise OSError(f"could not save {self.path}")
+        with open(self.path, "w") as f:
+            f.write("closed")
+        super().close()
+
+
+class SlowEnv(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole whose step takes ``step_s`` and reset ``reset_s`` (a slow simulator)."""
+
+    def __init__(self, step_s: float = 0.0, reset_s: float = 0.0, init_s: float = 0.0) -> None:
+        import time
+
+        time.sleep(init_s)
+        super().__init__(gym.make("CartPole-v1"))
+        self.step_s, self.reset_s = step_s, reset_s
+
+    def pause(self, seconds: float) -> float:
+        """A slow method for ``call``."""
+        import time
+
+        time.sleep(seconds)
+        return seconds
+
+    def reset(self, **kwargs: Any) -> Any:
+        import time
+
+        time.sleep(self.reset_s)
+        return self.env.reset(**kwargs)
+
+    def step(self, action: Any) -> Any:
+        import time
+
+        time.sleep(self.step_s)
+        return self.env.step(action)
+
+
+class BigDictEnv(gym.Env[Any, Any]):
+    """A Dict observation of ``mib`` MiB (pickled whole through the socket, never the
+    shared arrays); its content says how many steps the env took and its seed."""
+
+    def __init__(self, mib: int = 32) -> None:
+        n = mib * (1 << 20) // 8
+        self.observation_space = gym.spaces.Dict({
+            "big": gym.spaces.Box(-np.inf, np.inf, shape=(n,), dtype=np.float64),
+            "t": gym.spaces.Discrete(1 << 30)})
+        self.action_space = gym.spaces.Discrete(2)
+        self.n, self.t, self.total = n, 0, 0
+
+    def _obs(self) -> Any:
+        return {"big": np.full(self.n, float(self.total)), "t": self.t}
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        super().reset(seed=seed)
+        self.t = 0
+        self.total = seed or 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> Any:
+        self.t += 1
+        self.total += 1 + int(action)
+        return self._obs(), 1.0, False, self.t >= 1000, {}
+
+
+class SpaceEnv(gym.Env[Any, Any]):
+    """An env of the observation space given (gymnasium's GenericTestEnv, for spaces)."""
+
+    def __init__(self, space: Any) -> None:
+        self.observation_space = space
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        return self.observation_space.sample(), {}
+
+    def step(self, action: Any) -> Any:
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+class ActionFaultEnv(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole whose step takes ``step_s`` and raises on action 2: the caller injects an
+    env failure where it wants one."""
+
+    def __init__(self, step_s: float = 0.02) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.action_space = gym.spaces.Discrete(3)
+        self.step_s = step_s
+
+    def step(self, action: Any) -> Any:
+        import time
+
+        time.sleep(self.step_s)
+        if int(action) == 2:
+            raise RuntimeError("injected failure")
+        return self.env.step(action)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import _thread
 import os
+import pickle
 import socket
 import stat
 import threading
@@ -13,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from remote_env import channel, errors, wire
+from remote_env import channel, errors, interrupts, wire
 from remote_env._types import Batch, Failure
 
 
@@ -33,6 +35,8 @@ def _handler(message: Any) -> Any:
     if kind == "sleep":
         time.sleep(message[1])
         return message[1]
+    if kind == "zeros":
+        return bytes(message[1])
     if kind == "unpicklable":
         return threading.Lock()  # the reply itself cannot be pickled
     if kind == "undecodable":
@@ -365,3 +369,99 @@ def test_the_handler_sets_the_spin_of_its_own_connection_only(server: Any) -> No
         two.close()
     finally:
         srv.close()
+
+
+# --------------------------------------------- interrupts and frames out of step
+def _raw_peer(tmp_path: Any) -> tuple[channel.Channel, socket.socket]:
+    """A driver Channel whose other end is a bare socket this test writes by hand."""
+    path, key = str(tmp_path / "s"), b"k" * 32
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    box: dict[str, socket.socket] = {}
+
+    def accept() -> None:
+        conn, _ = listener.accept()
+        wire.server_handshake(conn, key)
+        box["conn"] = conn
+
+    t = threading.Thread(target=accept)
+    t.start()
+    ch = channel.Channel(path, key)
+    t.join()
+    listener.close()
+    return ch, box["conn"]
+
+
+def _half_sent_reply(ch: channel.Channel, peer: socket.socket,
+                     value: Any) -> tuple[channel.ChannelCall, bytes]:
+    call = ch.call(("echo", 0))
+    call_id, _, _ = wire.Frames(peer).wait()
+    reply = wire.frame(call_id, wire.OK, pickle.dumps(value))
+    peer.sendall(reply[:len(reply) // 2])
+    return call, reply[len(reply) // 2:]
+
+
+def test_an_interrupt_mid_frame_keeps_the_partial_reply_and_the_read_resumes(
+        tmp_path: Any) -> None:
+    # issue #28: Ctrl-C while a big reply was read lost the partial frame; the next
+    # header was garbage taken as a size of up to 4 GiB and read forever
+    ch, peer = _raw_peer(tmp_path)
+    value = os.urandom(4 * wire.BUFFER)
+    call, rest = _half_sent_reply(ch, peer, value)
+    timer = threading.Timer(0.2, _thread.interrupt_main)
+    with pytest.raises(KeyboardInterrupt), interrupts.deferred():
+        timer.start()
+        channel.get(call, _NoRay())  # half a frame arrived; the rest does not come yet
+    timer.join()
+    assert not call.done and not ch.closed
+    peer.sendall(rest)
+    assert channel.get(call, _NoRay()) == value
+    nxt = ch.call(("echo", 1))  # the stream is in step: the next reply pairs with its call
+    call_id, _, _ = wire.Frames(peer).wait()
+    peer.sendall(wire.frame(call_id, wire.OK, pickle.dumps("next")))
+    assert channel.get(nxt, _NoRay()) == "next"
+    ch.close()
+    peer.close()
+
+
+def test_a_read_that_fails_mid_frame_closes_the_connection_never_reads_out_of_step(
+        tmp_path: Any) -> None:
+    ch, peer = _raw_peer(tmp_path)
+    call, _ = _half_sent_reply(ch, peer, os.urandom(4 * wire.BUFFER))
+    timer = threading.Timer(0.2, _thread.interrupt_main)
+    with pytest.raises(KeyboardInterrupt):  # not held (no operation): raised mid-read
+        timer.start()
+        channel.get(call, _NoRay())
+    timer.join()
+    assert ch.closed and isinstance(call.error, channel.ChannelClosedError)
+    assert "failed part way" in str(call.error)
+    later = ch.call(("echo", 1))
+    assert isinstance(later.error, channel.ChannelClosedError)
+    peer.close()
+
+
+def test_a_frame_over_the_cap_closes_the_connection_with_a_clear_error(tmp_path: Any) -> None:
+    ch, peer = _raw_peer(tmp_path)
+    call = ch.call(("echo", 0))
+    call_id, _, _ = wire.Frames(peer).wait()
+    peer.sendall(wire.HEAD.pack(wire.MAX_FRAME + 1, call_id, wire.OK))  # a garbage size
+    with pytest.raises(channel.ChannelClosedError, match="over the channel's frame cap"):
+        channel.get(call, _NoRay())
+    assert ch.closed
+    peer.close()
+
+
+def test_a_reply_over_the_cap_is_its_calls_error_and_the_channel_goes_on(
+        server: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr(wire, "MAX_FRAME", 10_000)
+    ch = channel.Channel(server.address, server.authkey)
+    try:
+        too_big = ch.call(("zeros", 20_000))
+        with pytest.raises(channel.RemoteCallError, match="frame cap"):
+            channel.get(too_big, _NoRay())
+        assert channel.get(ch.call(("zeros", 10)), _NoRay()) == bytes(10)
+        refused = ch.call(("echo", bytes(20_000)))  # a call over the cap is not sent
+        assert isinstance(refused.error, wire.FrameError) and not ch.closed
+    finally:
+        ch.close()

@@ -16,15 +16,28 @@ _OK = {"envs_per_actor": None, "threads_per_actor": 1, "max_restarts": 3,
        "transport": "auto", "observation_mode": "same", "spin_us": 0.0}
 
 
+#: time options where None means "no limit" (every other one refuses None)
+_NONE_OK = {"step_timeout_s", "start_timeout_s", "close_timeout_s"}
+
+
 @pytest.mark.parametrize("name", ["batch_wait_ms", "restart_backoff_s", "spin_us",
-                                  "step_timeout_s"])
-@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, True, "5", None])
+                                  "step_timeout_s", "start_timeout_s", "close_timeout_s"])
+@pytest.mark.parametrize("bad", [-1, -0.5, math.nan, math.inf, -math.inf, True, False,
+                                 np.bool_(True), "5", None, [1.0]])
 def test_time_options_must_be_finite_non_negative_numbers(name: str, bad: Any) -> None:
-    if bad is None and name == "step_timeout_s":
-        return  # None is step_timeout_s's "wait forever"
+    # one rule for every time option (issue #28: start_timeout_s=None used to pass here
+    # and fail as float + NoneType on the first actor replacement)
+    if bad is None and name in _NONE_OK:
+        checks.options(**{**_OK, name: bad})  # None is "no limit" for these
+        return
     with pytest.raises(ValueError, match=f"{name}.* must be a finite number") as err:
         checks.options(**{**_OK, name: bad})
     assert repr(bad) in str(err.value)  # says what it got
+
+
+@pytest.mark.parametrize("name", ["start_timeout_s", "close_timeout_s", "restart_backoff_s"])
+def test_zero_is_a_valid_time_option_where_not_positive(name: str) -> None:
+    checks.options(**{**_OK, name: 0})
 
 
 def test_good_options_pass_and_step_timeout_must_be_positive() -> None:

@@ -1,0 +1,51 @@
+"""Ctrl-C from a timer thread (``_thread.interrupt_main``), for the issue-#28 tests."""
+
+from __future__ import annotations
+
+import _thread
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+class Interrupter:
+    """Ctrl-C from a timer thread, ``delay_s`` after start, only while ``fn`` runs: an
+    interrupt that would land after it returned is not sent (the call's result would
+    be lost by this test, not by the env)."""
+
+    def __init__(self, delay_s: float) -> None:
+        self._lock = threading.Lock()
+        self._running = True
+        self.sent = False
+        self._timer = threading.Timer(delay_s, self._fire)
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._running:
+                self.sent = True
+                _thread.interrupt_main()
+
+    def run(self, fn: Callable[[], Any]) -> tuple[bool, Any]:
+        """(interrupted, result) of ``fn()``."""
+        try:
+            self._timer.start()  # a short delay may fire before start() returns
+            result = fn()
+        except KeyboardInterrupt:
+            self._stop()
+            return True, None
+        self._stop()
+        return False, result
+
+    def _stop(self) -> None:
+        try:
+            with self._lock:
+                self._running = False
+            self._timer.cancel()
+            self._timer.join()
+        except KeyboardInterrupt:  # sent just as fn returned: its result stands
+            pass
+
+
+def interrupted(delay_s: float, fn: Callable[[], Any]) -> bool:
+    was, _ = Interrupter(delay_s).run(fn)
+    return was

@@ -638,21 +638,36 @@ def _new_head_with_every_env(journey: Journey, old_head_uid: str, envs: int = 16
     return st if st["readyEnvs"] == envs else None
 
 
+def _rolled_in_place(journey: Journey, old_revision: str, envs: int = 16) -> dict[str, Any] | None:
+    """The pool server's /status once every env runs a revision other than ``old_revision``."""
+    try:
+        st = journey.server_status()
+    except (pytest.fail.Exception, ValueError, KeyError):  # not serving
+        return None
+    done = (st.get("revision") not in (None, old_revision) and st["readyEnvs"] == envs
+            and st.get("updatedEnvs") == envs and st.get("outdatedEnvs") == 0)
+    return st if done else None
+
+
 def test_6_an_env_failing_every_step_fires_the_failure_alert(journey: Journey) -> None:
-    """The pool re-specced to an env that raises on every step (a new env is new Ray
-    pods: the operator's cluster hash covers spec.env); its trainer's steps come back
-    as errors, and the failure-rate alert fires on the scraped series. The pool keeps
-    the flaky env for the rest of the journey."""
+    """The pool re-specced to an env that raises on every step: the new env rolls
+    through the running Ray pods (spec.env is not in the operator's cluster hash, so no
+    pod is re-created); its trainer's steps come back as errors, and the failure-rate
+    alert fires on the scraped series. The pool keeps the flaky env for the rest of
+    the journey."""
     prom, ns = journey.prom, journey.ns
-    (head,) = journey.pods("head")
+    pods_before = {p["metadata"]["uid"] for c in ("head", "worker") for p in journey.pods(c)}
+    old_revision = journey.server_status()["revision"]
     flaky = {"spec": {"env": {"id": None, "entrypoint": "remote_env.examples:make_flaky_cartpole",
                               "kwargs": {"fail_every": 1}},
                       "faultTolerance": {"maxRestarts": 1_000_000, "restartBackoffSeconds": 0}}}
     t0 = time.monotonic()
     journey.kube.kubectl("patch", "epool", POOL, "-n", ns, "--type=merge", "-p", json.dumps(flaky))
-    journey.kube.wait_until(lambda: _new_head_with_every_env(journey, head["metadata"]["uid"]),
-                            timeout=420, interval=2, what="new Ray pods running the flaky env")
+    journey.kube.wait_until(lambda: _rolled_in_place(journey, old_revision),
+                            timeout=420, interval=2, what="every env rolled to the flaky env in place")
     journey.wait_ready(timeout=120)
+    pods_after = {p["metadata"]["uid"] for c in ("head", "worker") for p in journey.pods(c)}
+    assert pods_after == pods_before, "an env change re-created Ray pods"
     journey.figures["env_changed_to_ready_s"] = time.monotonic() - t0
     journey.kube.apply(journey.stepping_job("flaky", 8))
     journey.wait_stepping("flaky")

@@ -297,16 +297,17 @@ def test_every_example_reconciles_to_ready(kube_cluster: Any, operator: Operator
 
     table = kube.kubectl("get", "epool", "-n", namespace).stdout
     header = table.splitlines()[0].split()
-    # LEASED and FREE come from the pool server's report: blank without one (kwok pods)
-    assert header == ["NAME", "PHASE", "READY", "LEASED", "FREE", "DESIRED", "RAYCLUSTER",
-                      "AGE"], table
+    # LEASED, FREE, UPDATED and OUTDATED come from the pool server's report: blank
+    # without one (kwok pods)
+    assert header == ["NAME", "PHASE", "READY", "LEASED", "FREE", "DESIRED", "UPDATED", "OUTDATED",
+                      "RAYCLUSTER", "AGE"], table
     rows = {line.split()[0]: line.split() for line in table.splitlines()[1:]}
     assert rows["cartpole"][1:5] == ["Ready", "16", "16", "cartpole"], table
     assert rows["cartpole-suspended"][1:4] == ["Suspended", "0", "128"], table
     wide = kube.kubectl("get", "epool", "-n", namespace, "-o", "wide").stdout
     assert wide.splitlines()[0].split() == [
-        "NAME", "PHASE", "READY", "LEASED", "FREE", "DESIRED", "WORKERS", "RAYCLUSTER",
-        "ENDPOINT", "MESSAGE", "AGE"], wide
+        "NAME", "PHASE", "READY", "LEASED", "FREE", "DESIRED", "UPDATED", "OUTDATED", "REVISION",
+        "WORKERS", "RAYCLUSTER", "ENDPOINT", "MESSAGE", "AGE"], wide
     # the category: kubectl get all lists EnvPools too
     assert "envpool.envpool.dev/cartpole" in kube.kubectl("get", "all", "-n", namespace).stdout
 

@@ -236,6 +236,10 @@ if [ "$REAL_NODE" = 1 ]; then
   bash "$HERE/node.sh" up 9>&- || die "real node $NODE_NAME did not come up (logs in $NODE_DIR)"
 fi
 
-healthy || die "cluster came up but is not healthy"
+# components answer their health endpoints a few seconds after they start (kube-proxy
+# after its first sync): give them a minute before calling the cluster broken
+for _ in $(seq 1 60); do healthy && break; sleep 1; done
+healthy || die "cluster came up but is not healthy:
+$(bash "$HERE/health.sh" status 9>&- 2>&1 | grep -v ' ok ')"
 log "cluster '$CLUSTER_NAME' ready: $NODE_COUNT kwok nodes$([ "$REAL_NODE" = 1 ] && echo " + real node $NODE_NAME"), KubeRay $KUBERAY_VERSION (pid $(cat "$OPERATOR_PID"))"
 print_export

@@ -13,7 +13,7 @@ __all__ = ["RemoteVectorEnv", "SubEnvironmentError", "SubEnvironmentFailedError"
 
 def __getattr__(name: str) -> Any:
     if name == "RemoteVectorEnv":
-        from remote_env.vector import RemoteVectorEnv
+        from remote_env.driver.vector import RemoteVectorEnv
 
         return RemoteVectorEnv
     if name in ("SubEnvironmentError", "SubEnvironmentFailedError"):

@@ -1,4 +1,4 @@
-"""Stable-Baselines3 ``VecEnv`` over :class:`~remote_env.vector.RemoteVectorEnv`.
+"""Stable-Baselines3 ``VecEnv`` over :class:`~remote_env.driver.vector.RemoteVectorEnv`.
 
 SB3 takes only its own ``VecEnv`` API: ``reset()`` returns observations alone (their
 infos in ``reset_infos``), ``step`` returns ``dones`` and a list of per-env info dicts,
@@ -38,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     ) from exc
 
 from remote_env.actor.host import EnvFn
-from remote_env.vector import RemoteVectorEnv
+from remote_env.driver.vector import RemoteVectorEnv
 
 __all__ = ["SB3VecEnv", "unbatch_infos"]
 

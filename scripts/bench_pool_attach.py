@@ -22,9 +22,9 @@ import gymnasium as gym
 import ray
 
 from remote_env import spec
+from remote_env.driver.vector import RemoteVectorEnv
 from remote_env.pool.attach import attach
 from remote_env.pool.server import PoolServer
-from remote_env.vector import RemoteVectorEnv
 
 
 def main() -> None:

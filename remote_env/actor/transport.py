@@ -1,8 +1,8 @@
 """How calls reach the actor besides Ray: its channel, lease fences, shared arrays.
 
-A driver on the actor's node steps it over a Unix socket (:mod:`remote_env.channel`)
+A driver on the actor's node steps it over a Unix socket (:mod:`remote_env.wire.channel`)
 and, when the spaces batch into plain arrays, through shared memory
-(:mod:`remote_env.shared_arrays`): ``shared_step`` reads actions from and writes
+(:mod:`remote_env.wire.shared_arrays`): ``shared_step`` reads actions from and writes
 results into the connection's arrays and replies with only what is not an array.
 Pool trainers wrap hot calls in ``fenced(epoch, ...)`` so a lapsed lease cannot step
 envs another trainer now holds.
@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from remote_env import errors, shared_arrays
+from remote_env import errors
 from remote_env._types import Batch, Failure
 from remote_env.actor.steps import FLAGS, SCALARS, failed_step, run_sync, step_one, stepped
+from remote_env.wire import shared_arrays
 
 if TYPE_CHECKING:
     from remote_env.actor.host import SubEnvHost
@@ -58,7 +59,7 @@ class HostTransport:
     def open_channel(self, driver_node_id: str) -> tuple[str, bytes] | None:
         """A Unix-socket channel for step/reset if the driver is on this node, else None.
 
-        See :mod:`remote_env.channel` for why; one channel serves many drivers.
+        See :mod:`remote_env.wire.channel` for why; one channel serves many drivers.
         """
         try:
             import ray
@@ -68,7 +69,7 @@ class HostTransport:
         except Exception:  # not in a Ray actor (unit tests): no node to compare
             return None
         if self._channel is None:
-            from remote_env.channel import ChannelServer
+            from remote_env.wire.channel import ChannelServer
 
             serve = functools.partial(_unwrapped(type(self))["_serve_channel"], self)
             self._channel = ChannelServer(serve, on_disconnect=self._release_shared)
@@ -112,7 +113,7 @@ class HostTransport:
         Only over a channel (its thread is the connection): the driver maps the
         segment, unlinks its name, then calls :meth:`shared_step`. ``spin_s``: how long
         this connection looks for the driver's next call before sleeping
-        (:meth:`~remote_env.channel.ChannelServer.spin`).
+        (:meth:`~remote_env.wire.channel.ChannelServer.spin`).
         """
         if self._channel is not None:
             self._channel.spin(spin_s)

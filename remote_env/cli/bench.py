@@ -259,7 +259,7 @@ def rss_per_env(n: int, envs_per_actor: int, cpus: int, transport: str = "auto")
     """Peak RSS (VmHWM) of the env actor processes per CartPole sub-env (Linux /proc)."""
     import ray
 
-    from remote_env.vector import RemoteVectorEnv
+    from remote_env.driver.vector import RemoteVectorEnv
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=cpus, include_dashboard=False)
@@ -292,7 +292,7 @@ def recv_latency(batch_wait_ms: float, n: int, cpus: int, polls: int = 300,
     """recv() latency with one straggler env always busy: the batch window in action."""
     import ray
 
-    from remote_env.vector import RemoteVectorEnv
+    from remote_env.driver.vector import RemoteVectorEnv
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=cpus, include_dashboard=False)

@@ -133,7 +133,7 @@ def _run(steps: int, wall: float, clock: CpuClock) -> Run:
 # -------------------------------------------------------------------- runners
 def run_remote_env(fn: Callable[[], Any], n: int, seconds: float,
                    cfg: dict[str, Any]) -> Run:
-    from remote_env.vector import RemoteVectorEnv
+    from remote_env.driver.vector import RemoteVectorEnv
 
     envs = RemoteVectorEnv([fn] * n, **cfg)
     try:

@@ -146,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _open_envs(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
     """A RemoteVectorEnv owned by this process (``--env`` / ``--entrypoint``)."""
+    from remote_env.driver.vector import RemoteVectorEnv
     from remote_env.metrics import PoolMetrics, serve_metrics
-    from remote_env.vector import RemoteVectorEnv
 
     metrics = PoolMetrics(pool=args.pool)
     if args.metrics_port is not None:

@@ -2,7 +2,7 @@
 
 ``attach("cartpole")`` finds the pool's registry in Ray namespace
 ``envpool-cartpole``, leases whole env actors (two trainers never share one),
-and returns a :class:`PoolVectorEnv`: a :class:`~remote_env.vector.RemoteVectorEnv`
+and returns a :class:`PoolVectorEnv`: a :class:`~remote_env.driver.vector.RemoteVectorEnv`
 over the leased actors (same API, same metrics, no extra hop: trainers call the
 actors through Ray). A heartbeat thread renews the lease; ``close()`` releases it;
 a trainer that dies stops renewing and its lease expires after
@@ -29,9 +29,9 @@ from typing import Any, Final
 
 from remote_env import errors, ray_connect
 from remote_env import spec as spec_mod
+from remote_env.driver.vector import RemoteVectorEnv
 from remote_env.pool import registry as pool_registry
 from remote_env.pool import slot as pool_slot
-from remote_env.vector import RemoteVectorEnv
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ class Launcher:
 
     def _launch(self, s: Slot) -> None:
         """Create ``s``'s next-generation actor and send it ``start()``."""
-        from remote_env.vector import RemoteVectorEnv
+        from remote_env.driver.vector import RemoteVectorEnv
 
         spec = self.spec
         ft = spec.fault_tolerance

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from ray_checks import wait_for
 
 from remote_env import errors, examples
-from remote_env.vector import RemoteVectorEnv
+from remote_env.driver.vector import RemoteVectorEnv
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 bad_envs.register()

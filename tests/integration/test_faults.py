@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from ray_checks import alive_actor_ids, wait_for
 
 from remote_env import errors, examples
-from remote_env.vector import RemoteVectorEnv
+from remote_env.driver.vector import RemoteVectorEnv
 
 N, K, STEPS, SEED = 4, 2, 60, 123
 

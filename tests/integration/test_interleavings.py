@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from interrupting import Interrupter
 
 from remote_env import errors
-from remote_env.vector import RemoteVectorEnv
+from remote_env.driver.vector import RemoteVectorEnv
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 bad_envs.register()

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from remote_env import examples
+from remote_env.driver.vector import RemoteVectorEnv
 from remote_env.metrics import serve_metrics
-from remote_env.vector import RemoteVectorEnv
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

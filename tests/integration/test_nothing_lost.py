@@ -25,7 +25,7 @@ from interrupting import Interrupter, interrupted
 from ray_checks import alive_actor_ids, wait_for
 
 from remote_env import errors, examples
-from remote_env.vector import RemoteVectorEnv
+from remote_env.driver.vector import RemoteVectorEnv
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 bad_envs.register()

@@ -12,7 +12,7 @@ import pytest
 from pettingzoo.test import parallel_api_test
 
 from remote_env import checks, errors, examples
-from remote_env.vector import RemoteVectorEnv
+from remote_env.driver.vector import RemoteVectorEnv
 
 AGENTS = {"player_0", "player_1"}
 

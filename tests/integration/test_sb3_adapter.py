@@ -20,9 +20,9 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
+from remote_env.driver.vector import RemoteVectorEnv
 from remote_env.errors import ClosedEnvironmentError
 from remote_env.sb3 import SB3VecEnv
-from remote_env.vector import RemoteVectorEnv
 
 # the make-env functions below reach the actors by value (no PYTHONPATH there)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -20,8 +20,9 @@ import pytest
 import ray.cloudpickle
 from ray_checks import assert_same_step, wait_for
 
-from remote_env import examples, shared_arrays
-from remote_env.vector import RemoteVectorEnv
+from remote_env import examples
+from remote_env.driver.vector import RemoteVectorEnv
+from remote_env.wire import shared_arrays
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 # the env below is defined here: ship it to the actors by value

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from ray_checks import assert_same_step
 
 from remote_env import examples
-from remote_env.vector import RemoteVectorEnv
+from remote_env.driver.vector import RemoteVectorEnv
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 TRANSPORTS = ["auto", "ray"]

@@ -16,7 +16,7 @@ from gymnasium.vector import SyncVectorEnv
 from gymnasium.wrappers import vector as vw
 from test_vector_env import assert_tree_equal
 
-from remote_env.vector import RemoteVectorEnv
+from remote_env.driver.vector import RemoteVectorEnv
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 TRANSPORTS = ["auto", "ray"]

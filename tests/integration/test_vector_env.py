@@ -13,7 +13,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from ray_checks import alive_actor_ids, state_api_address
 
 from remote_env import errors, examples
-from remote_env.vector import RemoteVectorEnv
+from remote_env.driver.vector import RemoteVectorEnv
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

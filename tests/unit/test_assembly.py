@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from remote_env._types import Batch
-from remote_env.assembly import Assembler
+from remote_env.driver.assembly import Assembler
 
 SPACE = gym.spaces.Box(-10, 10, (2,), np.float32)
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from remote_env.calls import CallLoop
+from remote_env.driver.calls import CallLoop
 
 
 def _loop(splits: int, env_pos: list[int]) -> SimpleNamespace:

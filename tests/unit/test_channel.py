@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from remote_env import channel, errors, interrupts, wire
+from remote_env import errors, interrupts
 from remote_env._types import Batch, Failure
+from remote_env.wire import channel, protocol
 
 
 class _NoRay:
@@ -193,21 +194,21 @@ def stepper() -> Any:
 
 
 def test_a_shared_step_is_a_header_and_positions_not_a_pickle() -> None:
-    step = wire.step_call(("shared_step", [4, 5, 6], None))
+    step = protocol.step_call(("shared_step", [4, 5, 6], None))
     assert step is not None
     op, body, positions = step
-    assert op == wire.STEP and positions == [4, 5, 6]
-    assert len(body) == wire.STEP_ARGS.size  # a range: no positions listed
-    step = wire.step_call(("fenced", 9, "shared_step", [2, 0, 1], None))
+    assert op == protocol.STEP and positions == [4, 5, 6]
+    assert len(body) == protocol.STEP_ARGS.size  # a range: no positions listed
+    step = protocol.step_call(("fenced", 9, "shared_step", [2, 0, 1], None))
     assert step is not None
     op, body, _ = step
-    assert op == wire.FENCED_STEP and len(body) == wire.STEP_ARGS.size + 3 * 4
-    assert wire.step_message(op, memoryview(body)) == (
+    assert op == protocol.FENCED_STEP and len(body) == protocol.STEP_ARGS.size + 3 * 4
+    assert protocol.step_message(op, memoryview(body)) == (
         "fenced", 9, "shared_step", [2, 0, 1], None)
     # not int32 positions: the pickled path carries them as they are
-    assert wire.step_call(("shared_step", [0.5], None)) is None
-    assert wire.step_call(("shared_step", [2**40], None)) is None
-    assert wire.step_call(("step", [0], [1])) is None
+    assert protocol.step_call(("shared_step", [0.5], None)) is None
+    assert protocol.step_call(("shared_step", [2**40], None)) is None
+    assert protocol.step_call(("step", [0], [1])) is None
 
 
 @pytest.mark.parametrize("positions", [[0, 1, 2, 3], [3, 1, 2], [7], []])
@@ -268,10 +269,10 @@ def test_a_reply_that_cannot_be_decoded_fails_its_call_only(stepper: Any) -> Non
 def test_frames_split_across_reads_joined_in_one_read_and_bigger_than_the_buffer() -> None:
     a, b = socket.socketpair()
     try:
-        frames = wire.Frames(b)
-        big = os.urandom(3 * wire.BUFFER + 7)
-        stream = (wire.frame(1, 0, b"one") + wire.frame(2, 3, b"")
-                  + wire.frame(3, 1, big) + wire.frame(4, 2, b"four"))
+        frames = protocol.Frames(b)
+        big = os.urandom(3 * protocol.BUFFER + 7)
+        stream = (protocol.frame(1, 0, b"one") + protocol.frame(2, 3, b"")
+                  + protocol.frame(3, 1, big) + protocol.frame(4, 2, b"four"))
 
         def send() -> None:  # a byte at a time at first, then the rest in chunks
             for i in range(40):
@@ -288,7 +289,7 @@ def test_frames_split_across_reads_joined_in_one_read_and_bigger_than_the_buffer
             got.append((call_id, op, bytes(body)))
         t.join()
         assert got == [(1, 0, b"one"), (2, 3, b""), (3, 1, big), (4, 2, b"four")]
-        a.sendall(wire.frame(5, 0, b"x") + wire.frame(6, 0, b"y"))  # one read, two
+        a.sendall(protocol.frame(5, 0, b"x") + protocol.frame(6, 0, b"y"))  # one read, two
         frames.fill()
         x, y = frames.next(), frames.next()
         assert x is not None and y is not None
@@ -319,8 +320,8 @@ def test_a_peer_speaking_other_frames_fails_to_authenticate(server: Any) -> None
     old.settimeout(5)
     old.connect(server.address)
     try:
-        nonce = wire._recv_exact(old, wire.NONCE)
-        old.sendall(wire._digest(server.authkey, b"client", nonce) + bytes(wire.NONCE))
+        nonce = protocol._recv_exact(old, protocol.NONCE)
+        old.sendall(protocol._digest(server.authkey, b"client", nonce) + bytes(protocol.NONCE))
         assert old.recv(64) == b"", "the server must drop a client of the old frames"
     finally:
         old.close()
@@ -329,13 +330,13 @@ def test_a_peer_speaking_other_frames_fails_to_authenticate(server: Any) -> None
 def test_a_spinning_reader_takes_a_frame_that_comes_within_its_spin_and_sleeps_after() -> None:
     a, b = socket.socketpair()
     try:
-        frames = wire.Frames(b)
+        frames = protocol.Frames(b)
         frames.spin_s = 0.05
-        threading.Timer(0.01, lambda: a.sendall(wire.frame(1, 0, b"soon"))).start()
+        threading.Timer(0.01, lambda: a.sendall(protocol.frame(1, 0, b"soon"))).start()
         c0 = time.process_time()
         assert bytes(frames.wait()[2]) == b"soon"  # read by a non-blocking look
         # a frame that comes after the spin is over is read by the sleeping recv
-        threading.Timer(0.3, lambda: a.sendall(wire.frame(2, 0, b"late"))).start()
+        threading.Timer(0.3, lambda: a.sendall(protocol.frame(2, 0, b"late"))).start()
         t0 = time.perf_counter()
         assert bytes(frames.wait()[2]) == b"late"
         assert time.perf_counter() - t0 >= 0.25
@@ -382,7 +383,7 @@ def _raw_peer(tmp_path: Any) -> tuple[channel.Channel, socket.socket]:
 
     def accept() -> None:
         conn, _ = listener.accept()
-        wire.server_handshake(conn, key)
+        protocol.server_handshake(conn, key)
         box["conn"] = conn
 
     t = threading.Thread(target=accept)
@@ -396,8 +397,8 @@ def _raw_peer(tmp_path: Any) -> tuple[channel.Channel, socket.socket]:
 def _half_sent_reply(ch: channel.Channel, peer: socket.socket,
                      value: Any) -> tuple[channel.ChannelCall, bytes]:
     call = ch.call(("echo", 0))
-    call_id, _, _ = wire.Frames(peer).wait()
-    reply = wire.frame(call_id, wire.OK, pickle.dumps(value))
+    call_id, _, _ = protocol.Frames(peer).wait()
+    reply = protocol.frame(call_id, protocol.OK, pickle.dumps(value))
     peer.sendall(reply[:len(reply) // 2])
     return call, reply[len(reply) // 2:]
 
@@ -407,7 +408,7 @@ def test_an_interrupt_mid_frame_keeps_the_partial_reply_and_the_read_resumes(
     # issue #28: Ctrl-C while a big reply was read lost the partial frame; the next
     # header was garbage taken as a size of up to 4 GiB and read forever
     ch, peer = _raw_peer(tmp_path)
-    value = os.urandom(4 * wire.BUFFER)
+    value = os.urandom(4 * protocol.BUFFER)
     call, rest = _half_sent_reply(ch, peer, value)
     timer = threading.Timer(0.2, _thread.interrupt_main)
     with pytest.raises(KeyboardInterrupt), interrupts.deferred():
@@ -418,8 +419,8 @@ def test_an_interrupt_mid_frame_keeps_the_partial_reply_and_the_read_resumes(
     peer.sendall(rest)
     assert channel.get(call, _NoRay()) == value
     nxt = ch.call(("echo", 1))  # the stream is in step: the next reply pairs with its call
-    call_id, _, _ = wire.Frames(peer).wait()
-    peer.sendall(wire.frame(call_id, wire.OK, pickle.dumps("next")))
+    call_id, _, _ = protocol.Frames(peer).wait()
+    peer.sendall(protocol.frame(call_id, protocol.OK, pickle.dumps("next")))
     assert channel.get(nxt, _NoRay()) == "next"
     ch.close()
     peer.close()
@@ -428,7 +429,7 @@ def test_an_interrupt_mid_frame_keeps_the_partial_reply_and_the_read_resumes(
 def test_a_read_that_fails_mid_frame_closes_the_connection_never_reads_out_of_step(
         tmp_path: Any) -> None:
     ch, peer = _raw_peer(tmp_path)
-    call, _ = _half_sent_reply(ch, peer, os.urandom(4 * wire.BUFFER))
+    call, _ = _half_sent_reply(ch, peer, os.urandom(4 * protocol.BUFFER))
     timer = threading.Timer(0.2, _thread.interrupt_main)
     with pytest.raises(KeyboardInterrupt):  # not held (no operation): raised mid-read
         timer.start()
@@ -444,8 +445,8 @@ def test_a_read_that_fails_mid_frame_closes_the_connection_never_reads_out_of_st
 def test_a_frame_over_the_cap_closes_the_connection_with_a_clear_error(tmp_path: Any) -> None:
     ch, peer = _raw_peer(tmp_path)
     call = ch.call(("echo", 0))
-    call_id, _, _ = wire.Frames(peer).wait()
-    peer.sendall(wire.HEAD.pack(wire.MAX_FRAME + 1, call_id, wire.OK))  # a garbage size
+    call_id, _, _ = protocol.Frames(peer).wait()
+    peer.sendall(protocol.HEAD.pack(protocol.MAX_FRAME + 1, call_id, protocol.OK))  # a garbage size
     with pytest.raises(channel.ChannelClosedError, match="over the channel's frame cap"):
         channel.get(call, _NoRay())
     assert ch.closed
@@ -454,7 +455,7 @@ def test_a_frame_over_the_cap_closes_the_connection_with_a_clear_error(tmp_path:
 
 def test_a_reply_over_the_cap_is_its_calls_error_and_the_channel_goes_on(
         server: Any, monkeypatch: Any) -> None:
-    monkeypatch.setattr(wire, "MAX_FRAME", 10_000)
+    monkeypatch.setattr(protocol, "MAX_FRAME", 10_000)
     ch = channel.Channel(server.address, server.authkey)
     try:
         too_big = ch.call(("zeros", 20_000))
@@ -462,6 +463,6 @@ def test_a_reply_over_the_cap_is_its_calls_error_and_the_channel_goes_on(
             channel.get(too_big, _NoRay())
         assert channel.get(ch.call(("zeros", 10)), _NoRay()) == bytes(10)
         refused = ch.call(("echo", bytes(20_000)))  # a call over the cap is not sent
-        assert isinstance(refused.error, wire.FrameError) and not ch.closed
+        assert isinstance(refused.error, protocol.FrameError) and not ch.closed
     finally:
         ch.close()

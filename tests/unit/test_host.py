@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from remote_env import channel, errors, shared_arrays
+from remote_env import errors
 from remote_env.actor import transport
 from remote_env.actor.host import SubEnvHost, restart_seed
+from remote_env.wire import channel, shared_arrays
 
 
 def _fns(n: int) -> list:

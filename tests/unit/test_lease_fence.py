@@ -6,8 +6,9 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 
-from remote_env import channel, errors
+from remote_env import errors
 from remote_env.actor.host import SubEnvHost
+from remote_env.wire import channel
 
 
 def _host() -> SubEnvHost:

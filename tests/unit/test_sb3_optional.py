@@ -9,7 +9,7 @@ import sys
 _WITHOUT_SB3 = """
 import sys
 sys.modules["stable_baselines3"] = None  # as if not installed
-import remote_env.vector
+import remote_env.driver.vector
 assert "torch" not in sys.modules
 try:
     import remote_env.sb3

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from remote_env import examples, shared_arrays
+from remote_env import examples
 from remote_env._types import Batch
 from remote_env.actor.host import SubEnvHost
+from remote_env.wire import shared_arrays
 
 
 def _segments() -> set[str]:

@@ -1,4 +1,4 @@
-"""The stepping API of :class:`~remote_env.vector.RemoteVectorEnv`: reset and step.
+"""The stepping API of :class:`~remote_env.driver.vector.RemoteVectorEnv`: reset and step.
 
 ``reset``/``step`` (and gymnasium's ``step_async``/``step_wait``) go to every env,
 as ``SyncVectorEnv``'s do; ``async_reset``/``send``/``recv`` are EnvPool-style
@@ -18,8 +18,8 @@ import gymnasium as gym
 import numpy as np
 
 from remote_env import checks, errors, interrupts
-from remote_env.assembly import Batches, Results
-from remote_env.attributes import EnvAttributes
+from remote_env.driver.assembly import Batches, Results
+from remote_env.driver.attributes import EnvAttributes
 
 
 class _State(enum.Enum):
@@ -53,7 +53,7 @@ class _Operation:
 
 
 class Stepping(EnvAttributes):
-    """Mixin of :class:`~remote_env.vector.RemoteVectorEnv`: reset, step, send and recv.
+    """Mixin of :class:`~remote_env.driver.vector.RemoteVectorEnv`: reset, step, send and recv.
 
     Every public call is an *operation* (:meth:`_operation`): whatever it raises, an
     env error or an interrupt at any point, it ends in one consistent state. Either

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from remote_env import channel, errors, interrupts
-from remote_env.actor_set import Call, Deferred
-from remote_env.assembly import Batches
-from remote_env.faults import FaultHandling
+from remote_env import errors, interrupts
+from remote_env.driver.actor_set import Call, Deferred
+from remote_env.driver.assembly import Batches
+from remote_env.driver.faults import FaultHandling
+from remote_env.wire import channel
 
 #: a group that is every id given (one host's): sent as given, without a gather
 _ALL = np.arange(0)
@@ -36,7 +37,7 @@ def _in_order(ids: np.ndarray) -> bool:
 
 
 class CallLoop(FaultHandling):
-    """Mixin of :class:`~remote_env.vector.RemoteVectorEnv`: the calls in flight."""
+    """Mixin of :class:`~remote_env.driver.vector.RemoteVectorEnv`: the calls in flight."""
 
     #: results received and not handed to the caller yet (their envs stay busy)
     _ready: Batches

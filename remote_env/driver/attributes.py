@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from remote_env import channel, checks, interrupts
-from remote_env.calls import CallLoop
+from remote_env import checks, interrupts
+from remote_env.driver.calls import CallLoop
+from remote_env.wire import channel
 
 
 def _as_raised(exc: channel.RemoteCallError, method: str, name: str) -> BaseException:
@@ -33,7 +34,7 @@ EnvIds = Sequence[int] | np.ndarray | int | None
 
 
 class EnvAttributes(CallLoop):
-    """Mixin of :class:`~remote_env.vector.RemoteVectorEnv`: the sub-envs' attributes."""
+    """Mixin of :class:`~remote_env.driver.vector.RemoteVectorEnv`: the sub-envs' attributes."""
 
     def _check_open(self) -> None:
         raise NotImplementedError

@@ -5,7 +5,7 @@ An actor that dies (``RayActorError``, the channel's EOF) or does not answer wit
 ``info["error"]``. Replacing never blocks the driver: the host waits out its
 backoff (and a pool's ``actor_replacer`` runs on a thread) while every other
 host's calls keep flowing; calls sent to its envs meanwhile are held under a
-:class:`~remote_env.actor_set.Deferred` key and sent once the replacement is up.
+:class:`~remote_env.driver.actor_set.Deferred` key and sent once the replacement is up.
 A result that cannot be received (``RaySystemError``, an undecodable reply) is
 an error of that call only: every other call is still consumed.
 """
@@ -20,17 +20,18 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from remote_env import channel, errors, restarts
+from remote_env import errors, restarts
 from remote_env._types import Batch, FailureReason
-from remote_env.actor_set import ActorSet, Call, Deferred, FollowUp, Host
-from remote_env.assembly import Assembler
+from remote_env.driver.actor_set import ActorSet, Call, Deferred, FollowUp, Host
+from remote_env.driver.assembly import Assembler
+from remote_env.wire import channel
 
 # how often a running actor_replacer is looked at while other calls are waited for
 _REPLACER_POLL_S = 0.005
 
 
 class FaultHandling(ActorSet):
-    """Mixin of :class:`~remote_env.vector.RemoteVectorEnv`: call results and faults."""
+    """Mixin of :class:`~remote_env.driver.vector.RemoteVectorEnv`: call results and faults."""
 
     step_timeout_s: float | None
     _calls: dict[Any, Call]

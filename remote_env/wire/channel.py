@@ -16,7 +16,7 @@ network interface.
 Messages: every call carries an id and every reply the id of its call, so a reply
 that cannot be decoded fails its own call only and is never paired with another.
 The frames, and the binary form of the hot ``shared_step`` call, are in
-:mod:`remote_env.wire`.
+:mod:`remote_env.wire.protocol`.
 
 ``wait``/``get`` accept Ray ``ObjectRef`` s and :class:`ChannelCall` s alike, so the
 vector env's fault handling (hangs, dead actors) is the same for both transports:
@@ -42,7 +42,8 @@ from collections.abc import Callable, Sequence
 from multiprocessing import AuthenticationError
 from typing import Any
 
-from remote_env import errors, interrupts, wire
+from remote_env import errors, interrupts
+from remote_env.wire import protocol
 
 AUTH_TIMEOUT_S = 5.0
 __all__ = ["AuthenticationError", "ChannelClosedError", "RemoteCallError", "ResultDecodeError"]
@@ -78,7 +79,7 @@ class RemoteCallError(Exception):
     def of(cls, exc: BaseException) -> RemoteCallError:
         """The error to send for ``exc``, being handled now (its traceback is taken)."""
         try:
-            blob = wire.dumps(exc)
+            blob = protocol.dumps(exc)
         except Exception:  # an exception holding a socket, a lock...: text only
             blob = b""
         return cls(f"{type(exc).__name__}: {exc}", traceback.format_exc(), blob)
@@ -152,7 +153,7 @@ class ChannelServer:
     def _serve(self, sock: socket.socket) -> None:
         try:
             sock.settimeout(self._auth_timeout_s)
-            wire.server_handshake(sock, self.authkey)
+            protocol.server_handshake(sock, self.authkey)
             sock.settimeout(None)
         except (OSError, AuthenticationError):  # wrong key, silent or gone: drop it
             sock.close()
@@ -164,31 +165,31 @@ class ChannelServer:
                 self._on_disconnect()
 
     def _serve_calls(self, sock: socket.socket) -> None:
-        frames = wire.Frames(sock)
+        frames = protocol.Frames(sock)
         self._local.frames = frames
         with sock:
             while True:
                 try:
                     call_id, op, body = frames.wait()
-                except (EOFError, OSError, wire.FrameError):  # the driver closed or died
+                except (EOFError, OSError, protocol.FrameError):  # the driver closed or died
                     return
                 status, reply = self._reply(op, body)
                 try:
-                    wire.send(sock, call_id, status, reply)
+                    protocol.send(sock, call_id, status, reply)
                 except OSError:
                     return
 
     def _reply(self, op: int, body: memoryview) -> tuple[int, bytes]:
         """(status, body) of the reply to one call."""
         try:
-            if op == wire.PICKLED:
-                status, reply = wire.OK, wire.dumps(self._handler(pickle.loads(body)))
+            if op == protocol.PICKLED:
+                status, reply = protocol.OK, protocol.dumps(self._handler(pickle.loads(body)))
             else:
-                status, reply = wire.step_reply(self._handler(wire.step_message(op, body)))
-            wire.check_size(len(reply), "the reply")  # an error the driver can read instead
+                status, reply = protocol.step_reply(self._handler(protocol.step_message(op, body)))
+            protocol.check_size(len(reply), "the reply")  # an error the driver can read instead
             return status, reply
         except Exception as exc:  # decoding the call, the handler or the reply failed
-            return wire.ERR, pickle.dumps(
+            return protocol.ERR, pickle.dumps(
                 exc if isinstance(exc, _PASS_THROUGH) else RemoteCallError.of(exc))
 
     def close(self) -> None:
@@ -233,13 +234,13 @@ class Channel:
         try:
             sock.settimeout(auth_timeout_s)
             sock.connect(address)
-            wire.client_handshake(sock, authkey)
+            protocol.client_handshake(sock, authkey)
             sock.settimeout(None)
         except BaseException:
             sock.close()
             raise
         self._sock = sock
-        self._frames = wire.Frames(sock)
+        self._frames = protocol.Frames(sock)
         self._pending: dict[int, ChannelCall] = {}
         self._ids = itertools.count(1)
         self.closed = False
@@ -251,18 +252,18 @@ class Channel:
             call.done, call.error = True, ChannelClosedError("the channel was closed")
             return call
         call_id = next(self._ids)
-        step = wire.step_call(message)
+        step = protocol.step_call(message)
         if step is None:
-            op, body = wire.PICKLED, wire.dumps(message)
+            op, body = protocol.PICKLED, protocol.dumps(message)
         else:
             op, body, call.positions = step
         try:
-            wire.check_size(len(body), "the call")
-        except wire.FrameError as exc:  # this call's failure only: nothing was sent
+            protocol.check_size(len(body), "the call")
+        except protocol.FrameError as exc:  # this call's failure only: nothing was sent
             call.done, call.error = True, exc
             return call
         try:
-            wire.send(self._sock, call_id, op, body)
+            protocol.send(self._sock, call_id, op, body)
         except OSError as exc:
             self._fail_all(ChannelClosedError(f"the host actor is gone: {exc}"))
             call.done, call.error = True, ChannelClosedError(f"the host actor is gone: {exc}")
@@ -312,7 +313,7 @@ class Channel:
         except (EOFError, OSError) as exc:
             self._fail_all(ChannelClosedError(
                 f"the host actor closed its channel ({type(exc).__name__}): it died"))
-        except wire.FrameError as exc:
+        except protocol.FrameError as exc:
             self._fail_all(ChannelClosedError(f"the channel's stream is unreadable: {exc}"))
         except BaseException as exc:
             self._fail_all(ChannelClosedError(
@@ -332,15 +333,15 @@ class Channel:
         call.done = True
         value: Any
         try:
-            if status in (wire.STEPPED, wire.STEPPED_MORE) and call.positions is not None:
-                value = wire.step_batch(call.positions, status, body)
+            if status in (protocol.STEPPED, protocol.STEPPED_MORE) and call.positions is not None:
+                value = protocol.step_batch(call.positions, status, body)
             else:
                 value = pickle.loads(body)
         except Exception as exc:  # e.g. a class only the actor's runtime env can import
             call.error = ResultDecodeError(
                 f"the actor's reply could not be decoded here: {type(exc).__name__}: {exc}")
             return
-        if status == wire.ERR:
+        if status == protocol.ERR:
             call.error = value
         elif call.decode is None:
             call.value = value

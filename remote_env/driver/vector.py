@@ -6,12 +6,12 @@ actor, and the driver only checks input, splits actions, merges results and
 supervises. Where the rest lives (each imports only those above it):
 
 * :mod:`remote_env.checks` -- caller input (actions, seeds, ids, spaces, options);
-* :mod:`remote_env.actor_set` -- the actors: creating them, channel or Ray calls;
-* :mod:`remote_env.faults` -- lost actors, hangs, replacement without stalling;
-* :mod:`remote_env.calls` -- the calls in flight and the one wait loop;
-* :mod:`remote_env.assembly` -- host results into gymnasium's batched results;
-* :mod:`remote_env.attributes` -- ``call``/``get_attr``/``set_attr`` and seeds;
-* :mod:`remote_env.stepping` -- ``reset``, ``step``, ``send``/``recv``.
+* :mod:`remote_env.driver.actor_set` -- the actors: creating them, channel or Ray calls;
+* :mod:`remote_env.driver.faults` -- lost actors, hangs, replacement without stalling;
+* :mod:`remote_env.driver.calls` -- the calls in flight and the one wait loop;
+* :mod:`remote_env.driver.assembly` -- host results into gymnasium's batched results;
+* :mod:`remote_env.driver.attributes` -- ``call``/``get_attr``/``set_attr`` and seeds;
+* :mod:`remote_env.driver.stepping` -- ``reset``, ``step``, ``send``/``recv``.
 
 ``step``/``step_async``/``step_wait`` step every env (same results as
 ``SyncVectorEnv`` for the same seeds and actions); ``send(actions, env_ids)``/
@@ -29,13 +29,13 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from remote_env import actor_set as _actors
 from remote_env import checks, interrupts, ray_connect
 from remote_env.actor.host import EnvFn
-from remote_env.assembly import Assembler
+from remote_env.driver import actor_set as _actors
+from remote_env.driver.assembly import Assembler
+from remote_env.driver.stepping import Stepping
 from remote_env.metrics import PoolMetrics
 from remote_env.spec.fields import DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_RESTARTS
-from remote_env.stepping import Stepping
 
 TRANSPORTS = checks.TRANSPORTS
 _E = TypeVar("_E", bound="RemoteVectorEnv")

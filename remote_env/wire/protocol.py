@@ -1,6 +1,6 @@
 """The channel's wire format: the handshake, frames, and the ``shared_step`` codec.
 
-Pure encoding over a socket, apart from :mod:`remote_env.channel` (who serves and
+Pure encoding over a socket, apart from :mod:`remote_env.wire.channel` (who serves and
 who calls, waiting on both kinds of calls).
 
 Messages: every call carries an id and every reply the id of its call, so a reply
@@ -152,7 +152,7 @@ class Frames:
         self._big: tuple[int, int, memoryview] | None = None
         self._big_got = 0
         #: before sleeping in ``recv``, look for the next frame this long (s), giving the
-        #: core away between looks (see :meth:`~remote_env.channel.ChannelServer.spin`)
+        #: core away between looks (see :meth:`~remote_env.wire.channel.ChannelServer.spin`)
         self.spin_s = 0.0
 
     @property

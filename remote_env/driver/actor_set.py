@@ -2,9 +2,9 @@
 
 A :class:`Host` is one ``SubEnvHost`` actor and the env ids it holds. Calls reach
 it over its Unix-socket channel (``transport="auto"``, actors on the driver's
-node; see :mod:`remote_env.channel`) or as Ray calls. A :class:`Call` is one call
+node; see :mod:`remote_env.wire.channel`) or as Ray calls. A :class:`Call` is one call
 in flight; one sent to a host whose replacement is not up yet waits under a
-:class:`Deferred` key and is sent when it is (see :mod:`remote_env.faults`).
+:class:`Deferred` key and is sent when it is (see :mod:`remote_env.driver.faults`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from remote_env import channel, errors, restarts, shared_arrays
+from remote_env import errors, restarts
 from remote_env._types import FailureReason
 from remote_env.actor.host import EnvFn, SubEnvHost
+from remote_env.wire import channel, shared_arrays
 
 
 @dataclasses.dataclass
@@ -144,7 +145,7 @@ def describe_existing(handle: Any) -> dict[str, Any] | None:
 
 
 class ActorSet:
-    """Mixin of :class:`~remote_env.vector.RemoteVectorEnv`: creating hosts, reaching them."""
+    """Mixin of :class:`~remote_env.driver.vector.RemoteVectorEnv`: creating hosts, reaching them."""
 
     num_envs: int
     env_fns: list[EnvFn]

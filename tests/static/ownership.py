@@ -60,9 +60,7 @@ def _targets(node: ast.AST) -> Iterator[ast.expr]:
     if isinstance(node, ast.Assign):
         for t in node.targets:
             yield from _flatten(t)
-    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
-        yield from _flatten(node.target)
-    elif isinstance(node, ast.AugAssign):
+    elif isinstance(node, ast.AugAssign) or (isinstance(node, ast.AnnAssign) and node.value):
         yield from _flatten(node.target)
 
 

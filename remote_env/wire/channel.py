@@ -10,8 +10,10 @@ talks to its workers through pipes. Actors on other nodes keep using Ray calls.
 Safety: the socket lives in a fresh 0700 directory and each connection is
 authenticated both ways with a random key handed over through Ray (an HMAC-SHA256
 challenge, on the connection's own thread and within ``AUTH_TIMEOUT_S``: a client
-that connects and says nothing never blocks the next one). Nothing listens on a
-network interface.
+that connects and says nothing never blocks the next one; at most
+``MAX_HANDSHAKES`` strangers at once). Nothing listens on a network interface unless
+asked (:meth:`ChannelServer.listen_tcp`, for drivers on other nodes; the same
+handshake and frames). The protocol is written down in ``docs/wire-protocol.md``.
 
 Messages: every call carries an id and every reply the id of its call, so a reply
 that cannot be decoded fails its own call only and is never paired with another.
@@ -46,6 +48,8 @@ from remote_env import errors, interrupts
 from remote_env.wire import protocol
 
 AUTH_TIMEOUT_S = 5.0
+#: connections authenticating at once, per server; more are closed at accept
+MAX_HANDSHAKES = 32
 __all__ = ["AuthenticationError", "ChannelClosedError", "RemoteCallError", "ResultDecodeError"]
 
 # ----------------------------------------------------------------- errors
@@ -120,12 +124,39 @@ class ChannelServer:
         self._dir = tempfile.mkdtemp(prefix="envpool-chan-")  # mkdtemp: mode 0700
         self.address = os.path.join(self._dir, "s")
         self.authkey = secrets.token_bytes(32)
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(self.address)
-        self._sock.listen(64)
+        self._listeners: list[socket.socket] = []
         self._closed = False
         self._local = threading.local()  # the frames of the connection a thread serves
-        threading.Thread(target=self._accept, name="envpool-chan", daemon=True).start()
+        # handshakes under way: more than this many strangers at once are turned away
+        # at accept, so a connection flood costs a bounded number of threads
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self.tcp_address: str | None = None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(self.address)
+        self._listen(sock)
+
+    def listen_tcp(self, host: str = "0.0.0.0", advertise: str | None = None) -> str:
+        """Also serve over TCP on ``host`` (a free port); returns ``tcp://advertise:port``.
+
+        For drivers on other nodes and trainers in other pods: the same frames and the
+        same key handshake as the Unix socket (both ways: a stranger cannot call, and a
+        trainer cannot be fooled by a stranger posing as the actor). Only when asked:
+        by default nothing listens on a network interface. Idempotent.
+        """
+        if self.tcp_address is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+            self._listen(sock)
+            self.tcp_address = f"tcp://{advertise or host}:{port}"
+        return self.tcp_address
+
+    def _listen(self, sock: socket.socket) -> None:
+        sock.listen(64)
+        self._listeners.append(sock)
+        threading.Thread(target=self._accept, args=(sock,), name="envpool-chan",
+                         daemon=True).start()
 
     def spin(self, seconds: float) -> None:
         """From the handler: before sleeping for this connection's next call, look for it
@@ -137,15 +168,18 @@ class ChannelServer:
         """
         frames = getattr(self._local, "frames", None)
         if frames is not None:
-            frames.spin_s = max(0.0, float(seconds))
+            frames.spin_for(seconds)
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         while not self._closed:
             try:
-                sock, _ = self._sock.accept()
+                sock, _ = listener.accept()
             except OSError:
                 if self._closed:
                     return
+                continue
+            if not self._handshakes.acquire(blocking=False):
+                sock.close()  # a flood: the connections that authenticated go on
                 continue
             threading.Thread(target=self._serve, args=(sock,), name="envpool-chan-conn",
                              daemon=True).start()
@@ -155,9 +189,13 @@ class ChannelServer:
             sock.settimeout(self._auth_timeout_s)
             protocol.server_handshake(sock, self.authkey)
             sock.settimeout(None)
-        except (OSError, AuthenticationError):  # wrong key, silent or gone: drop it
+            if sock.family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, AuthenticationError):  # wrong key or version, silent or gone
             sock.close()
             return
+        finally:
+            self._handshakes.release()
         try:
             self._serve_calls(sock)
         finally:
@@ -173,38 +211,57 @@ class ChannelServer:
                     call_id, op, body = frames.wait()
                 except (EOFError, OSError, protocol.FrameError):  # the driver closed or died
                     return
-                status, reply = self._reply(op, body)
+                status, parts = self._reply(op, body)
                 try:
-                    protocol.send(sock, call_id, status, reply)
+                    protocol.send_parts(sock, call_id, status, parts)
                 except OSError:
                     return
 
-    def _reply(self, op: int, body: memoryview) -> tuple[int, bytes]:
-        """(status, body) of the reply to one call."""
+    def _reply(self, op: int, body: memoryview) -> tuple[int, list[bytes | memoryview]]:
+        """(status, body parts) of the reply to one call."""
         try:
-            if op == protocol.PICKLED:
-                status, reply = protocol.OK, protocol.dumps(self._handler(pickle.loads(body)))
+            if op in (protocol.PICKLED, protocol.PICKLED_OOB):
+                message = protocol.unpack(op == protocol.PICKLED_OOB, body)
+                status, parts = protocol.reply(self._handler(message))
+            elif op in (protocol.STEP, protocol.FENCED_STEP):
+                status, parts = protocol.step_reply(self._handler(protocol.step_message(op, body)))
             else:
-                status, reply = protocol.step_reply(self._handler(protocol.step_message(op, body)))
-            protocol.check_size(len(reply), "the reply")  # an error the driver can read instead
-            return status, reply
+                raise ValueError(f"unknown channel op {op}: the client speaks another protocol")
+            # an error the driver can read instead of a frame it would refuse
+            protocol.check_size(sum(memoryview(p).nbytes for p in parts), "the reply")
+            return status, parts
         except Exception as exc:  # decoding the call, the handler or the reply failed
-            return protocol.ERR, pickle.dumps(
-                exc if isinstance(exc, _PASS_THROUGH) else RemoteCallError.of(exc))
+            return protocol.ERR, [pickle.dumps(
+                exc if isinstance(exc, _PASS_THROUGH) else RemoteCallError.of(exc))]
 
     def close(self) -> None:
         self._closed = True
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept thread
-        except OSError:
-            pass
-        try:
-            self._sock.close()
+            for sock in self._listeners:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes its accept thread
+                except OSError:
+                    pass
+                sock.close()
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
 
 
 # -------------------------------------------------------------- driver side
+
+
+def parse_tcp(address: str) -> tuple[str, int] | None:
+    """(host, port) of a ``tcp://host:port`` address; None for a Unix socket's path.
+
+    Raises:
+        ValueError: a ``tcp://`` address without a host or a numeric port.
+    """
+    if not address.startswith("tcp://"):
+        return None
+    host, sep, port = address[len("tcp://"):].rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad channel address {address!r}: expected tcp://HOST:PORT")
+    return host.strip("[]"), int(port)
 
 
 class ChannelCall:
@@ -216,13 +273,41 @@ class ChannelCall:
 
     __slots__ = ("channel", "decode", "done", "error", "positions", "value")
 
-    def __init__(self, channel: Channel, decode: Callable[[Any], Any] | None = None) -> None:
+    def __init__(self, channel: Channel, decode: Callable[[Any], Any] | None = None,
+                 positions: list[int] | None = None) -> None:
         self.channel = channel
         self.decode = decode
         self.done = False
         self.value: Any = None
         self.error: BaseException | None = None
-        self.positions: list[int] | None = None  # a shared_step's: its reply omits them
+        self.positions = positions  # a shared_step's: its reply omits them
+
+    def fail(self, error: BaseException) -> None:
+        self.done, self.error = True, error
+
+    def settle(self, status: int, body: memoryview) -> None:
+        """Take the reply: its value (decoded), or the error it stands for."""
+        self.done = True
+        value: Any
+        try:
+            if status in (protocol.STEPPED, protocol.STEPPED_MORE) and self.positions is not None:
+                value = protocol.step_batch(self.positions, status, body)
+            else:
+                value = protocol.unpack(status == protocol.OK_OOB, body)
+        except Exception as exc:  # e.g. a class only the actor's runtime env can import
+            self.error = ResultDecodeError(
+                f"the actor's reply could not be decoded here: {type(exc).__name__}: {exc}")
+            return
+        if status == protocol.ERR:
+            self.error = value
+        elif self.decode is None:
+            self.value = value
+        else:
+            try:
+                self.value = self.decode(value)
+            except Exception as exc:
+                self.error = ResultDecodeError(
+                    f"the actor's reply could not be read here: {type(exc).__name__}: {exc}")
 
 
 class Channel:
@@ -230,10 +315,16 @@ class Channel:
 
     def __init__(self, address: str, authkey: bytes,
                  auth_timeout_s: float = AUTH_TIMEOUT_S) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        """``address``: a Unix socket's path, or ``tcp://host:port``
+        (:meth:`ChannelServer.listen_tcp`)."""
+        tcp = parse_tcp(address)
+        sock = socket.socket(socket.AF_UNIX if tcp is None else socket.AF_INET,
+                             socket.SOCK_STREAM)
         try:
             sock.settimeout(auth_timeout_s)
-            sock.connect(address)
+            sock.connect(address if tcp is None else tcp)
+            if tcp is not None:  # frames are small and answered at once: no Nagle delay
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             protocol.client_handshake(sock, authkey)
             sock.settimeout(None)
         except BaseException:
@@ -247,33 +338,37 @@ class Channel:
 
     def call(self, message: Any, decode: Callable[[Any], Any] | None = None) -> ChannelCall:
         """Send ``message`` (a tuple naming a host method, as a Ray call would)."""
-        call = ChannelCall(self, decode)
         if self.closed:
-            call.done, call.error = True, ChannelClosedError("the channel was closed")
+            call = ChannelCall(self, decode)
+            call.fail(ChannelClosedError("the channel was closed"))
             return call
         call_id = next(self._ids)
         step = protocol.step_call(message)
+        parts: list[bytes | memoryview]
+        positions = None
         if step is None:
-            op, body = protocol.PICKLED, protocol.dumps(message)
+            op, parts = protocol.call_body(message)
         else:
-            op, body, call.positions = step
+            op, body, positions = step
+            parts = [body]
+        call = ChannelCall(self, decode, positions)
         try:
-            protocol.check_size(len(body), "the call")
+            protocol.check_size(sum(memoryview(p).nbytes for p in parts), "the call")
         except protocol.FrameError as exc:  # this call's failure only: nothing was sent
-            call.done, call.error = True, exc
+            call.fail(exc)
             return call
         try:
-            protocol.send(self._sock, call_id, op, body)
+            protocol.send_parts(self._sock, call_id, op, parts)
         except OSError as exc:
             self._fail_all(ChannelClosedError(f"the host actor is gone: {exc}"))
-            call.done, call.error = True, ChannelClosedError(f"the host actor is gone: {exc}")
+            call.fail(ChannelClosedError(f"the host actor is gone: {exc}"))
             return call
         except BaseException as exc:
             # stopped part way through a frame: the actor would read the next call out of
             # step, so this connection is done (the actor is reached by Ray calls or replaced)
             self._fail_all(ChannelClosedError(
                 f"a call was cut short while being sent ({type(exc).__name__})"))
-            call.done, call.error = True, ChannelClosedError("the call was cut short")
+            call.fail(ChannelClosedError("the call was cut short"))
             raise
         self._pending[call_id] = call
         return call
@@ -326,36 +421,15 @@ class Channel:
         return bool(poller.poll(math.ceil(timeout_s * 1000)))
 
     def _settle(self, call_id: int, status: int, body: memoryview) -> None:
-        """Give one reply to its call: its value, or the error it stands for."""
+        """Give one reply to its call."""
         call = self._pending.pop(call_id, None)
-        if call is None:  # not ours (a call dropped on our side): nothing waits for it
-            return
-        call.done = True
-        value: Any
-        try:
-            if status in (protocol.STEPPED, protocol.STEPPED_MORE) and call.positions is not None:
-                value = protocol.step_batch(call.positions, status, body)
-            else:
-                value = pickle.loads(body)
-        except Exception as exc:  # e.g. a class only the actor's runtime env can import
-            call.error = ResultDecodeError(
-                f"the actor's reply could not be decoded here: {type(exc).__name__}: {exc}")
-            return
-        if status == protocol.ERR:
-            call.error = value
-        elif call.decode is None:
-            call.value = value
-        else:
-            try:
-                call.value = call.decode(value)
-            except Exception as exc:
-                call.error = ResultDecodeError(
-                    f"the actor's reply could not be read here: {type(exc).__name__}: {exc}")
+        if call is not None:  # else not ours (a call dropped on our side): nobody waits
+            call.settle(status, body)
 
     def _fail_all(self, error: BaseException) -> None:
         pending, self._pending = self._pending, {}
         for call in pending.values():  # with this error, not close()'s own
-            call.done, call.error = True, error
+            call.fail(error)
         self.close()
 
     def close(self) -> None:

@@ -49,20 +49,29 @@ import cloudpickle
 from remote_env._types import Batch
 
 NONCE = 32
-#: in the handshake's digests: a peer speaking other frames fails to authenticate
-#: (the driver then uses Ray calls) instead of hanging on frames it cannot read
-PROTOCOL = b"/frames-2"
+#: the first bytes each end sends: a peer that is not an EnvPool channel (an HTTP
+#: client, a port scanner) is told apart from one of another version
+MAGIC = b"EPWIRE"
+#: the wire protocol's version; a peer of another version is refused with a message
+#: that names both (docs/wire-protocol.md says what each version changed)
+VERSION = 3
+#: in the handshake's digests too, so a peer that skipped the version check fails
+PROTOCOL = b"/frames-%d" % VERSION
+HELLO = struct.Struct("<6sH")  # magic, version
+ACCEPTED, REFUSED = 0, 1
 #: every frame: body size, call id, op (calls) or status (replies)
 HEAD = struct.Struct("<IQB")
 #: a shared_step call's body: epoch (0: not fenced), count, first position (-1: listed)
 STEP_ARGS = struct.Struct("<qii")
-PICKLED, STEP, FENCED_STEP = 0, 1, 2  # calls
-OK, ERR, STEPPED, STEPPED_MORE = 0, 1, 2, 3  # replies
+PICKLED, STEP, FENCED_STEP, PICKLED_OOB = 0, 1, 2, 3  # calls
+OK, ERR, STEPPED, STEPPED_MORE, OK_OOB = 0, 1, 2, 3, 4  # replies
 BUFFER = 1 << 16  # per connection; a bigger frame gets a buffer of its own
 #: the largest body a frame may carry. A header read out of step would otherwise be
 #: taken as a size of up to 4 GiB, allocated and waited for forever; a real reply this
 #: big belongs in Ray's object store (``transport="ray"``).
 MAX_FRAME = 1 << 30
+#: arrays at least this big travel as raw buffers beside their pickle (no copy into it)
+OOB_MIN = 1 << 12
 
 
 class FrameError(ValueError):
@@ -87,8 +96,55 @@ def dumps(value: Any) -> bytes:
         return cloudpickle.dumps(value, protocol=5)  # type: ignore[no-any-return]
 
 
+def pack(value: Any) -> tuple[bool, list[bytes | memoryview]]:
+    """A value's frame body as parts: (with raw buffers?, parts).
+
+    Arrays of :data:`OOB_MIN` bytes or more (numpy's pickle protocol 5 buffers) go as
+    raw buffers after the pickle of the rest, never copied into it: an observation
+    batch crosses a TCP connection as its own bytes, sent straight from the array
+    (``sendmsg``). Layout: ``<I`` count of buffers, ``<Q`` each one's size, the pickle,
+    the buffers back to back.
+    """
+    buffers: list[pickle.PickleBuffer] = []
+
+    def out_of_band(buf: pickle.PickleBuffer) -> bool:
+        if buf.raw().nbytes < OOB_MIN:
+            return True  # in the pickle: a small array is cheaper copied than framed
+        buffers.append(buf)
+        return False
+
+    try:
+        meta = pickle.dumps(value, protocol=5, buffer_callback=out_of_band)
+    except Exception:  # a local or __main__ class, a lambda: Ray pickles those by value too
+        buffers.clear()
+        meta = cloudpickle.dumps(value, protocol=5, buffer_callback=out_of_band)
+    if not buffers:
+        return False, [meta]
+    raws = [b.raw() for b in buffers]
+    head = struct.pack(f"<I{len(raws)}Q", len(raws), *(r.nbytes for r in raws))
+    return True, [head, meta, *raws]
+
+
+def unpack(with_buffers: bool, body: memoryview) -> Any:
+    """The value of a body :func:`pack` made. Raw buffers are copied out of a frame read
+    into the connection's shared buffer (it is reused); a big frame's own is kept."""
+    if not with_buffers:
+        return pickle.loads(body)
+    (n,) = struct.unpack_from("<I", body)
+    sizes = struct.unpack_from(f"<{n}Q", body, 4)
+    end = len(body)
+    own = len(body) + HEAD.size > BUFFER  # read into a buffer of its own (Frames.next)
+    parts: list[Any] = []
+    for size in reversed(sizes):
+        part = body[end - size:end]
+        parts.append(part if own else bytearray(part))
+        end -= size
+    parts.reverse()
+    return pickle.loads(body[4 + 8 * n:end], buffers=parts)
+
+
 def _digest(key: bytes, role: bytes, nonce: bytes) -> bytes:
-    return hmac.new(key, role + nonce, hashlib.sha256).digest()
+    return hmac.new(key, role + PROTOCOL + nonce, hashlib.sha256).digest()
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -96,25 +152,88 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
         if not chunk:
-            raise AuthenticationError("the peer closed the connection during authentication")
+            raise AuthenticationError("the peer closed the connection during the handshake")
         buf += chunk
     return buf
 
 
+def _hello_version(hello: bytes, who: str) -> int:
+    magic, version = HELLO.unpack(hello)
+    if magic != MAGIC:
+        raise AuthenticationError(
+            f"the {who} is not an EnvPool channel (it sent {hello!r}, expected {MAGIC!r} "
+            f"and a protocol version): a wrong address or port?")
+    return int(version)
+
+
+def _refuse(sock: socket.socket, reason: str) -> None:
+    """Send the refusal, then read what the peer had sent on (briefly): closing with
+    unread bytes would reset the connection and lose the reason on its way."""
+    text = reason.encode()[:4096]
+    try:
+        sock.sendall(bytes([REFUSED]) + struct.pack("<H", len(text)) + text)
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(0.5)
+        left = 1 << 16
+        while left > 0 and (chunk := sock.recv(4096)):
+            left -= len(chunk)
+    except OSError:
+        pass
+
+
 def server_handshake(sock: socket.socket, key: bytes) -> None:
+    """The serving end's half: hello and challenge, then check the client's answer.
+
+    A client of another version or without the key gets a refusal that says why
+    before the connection closes (an error it can show its user), and nothing else.
+
+    Raises:
+        AuthenticationError: the client was refused (the reason is the message).
+    """
     nonce = secrets.token_bytes(NONCE)
-    sock.sendall(nonce)
+    sock.sendall(HELLO.pack(MAGIC, VERSION) + nonce)
+    hello = _recv_exact(sock, HELLO.size)
+    try:
+        version = _hello_version(hello, "client")
+    except AuthenticationError as exc:
+        _refuse(sock, str(exc))
+        raise
+    if version != VERSION:
+        reason = (f"wire protocol version {version} is not spoken here: this actor speaks "
+                  f"version {VERSION} (upgrade the trainer's envpool-k8s to the pool's)")
+        _refuse(sock, reason)
+        raise AuthenticationError(reason)
     answer = _recv_exact(sock, 32 + NONCE)
-    if not hmac.compare_digest(answer[:32], _digest(key, b"client" + PROTOCOL, nonce)):
-        raise AuthenticationError("the client does not hold the channel key")
-    sock.sendall(_digest(key, b"server" + PROTOCOL, answer[32:]))
+    if not hmac.compare_digest(answer[:32], _digest(key, b"client", nonce)):
+        reason = "the client does not hold this actor's key (a wrong or an expired key)"
+        _refuse(sock, reason)
+        raise AuthenticationError(reason)
+    sock.sendall(bytes([ACCEPTED]) + _digest(key, b"server", answer[32:]))
 
 
 def client_handshake(sock: socket.socket, key: bytes) -> None:
-    nonce = _recv_exact(sock, NONCE)
+    """The calling end's half: check the server's hello, answer its challenge, check
+    the server holds the key too (both ways: a stranger cannot pose as an actor).
+
+    Raises:
+        AuthenticationError: the server refused (its reason), speaks another version,
+            is not an EnvPool channel, or does not hold the key.
+    """
+    greeting = _recv_exact(sock, HELLO.size + NONCE)
+    version = _hello_version(greeting[:HELLO.size], "server")
     mine = secrets.token_bytes(NONCE)
-    sock.sendall(_digest(key, b"client" + PROTOCOL, nonce) + mine)
-    if not hmac.compare_digest(_recv_exact(sock, 32), _digest(key, b"server" + PROTOCOL, mine)):
+    sock.sendall(HELLO.pack(MAGIC, VERSION))
+    if version != VERSION:
+        raise AuthenticationError(
+            f"the actor speaks wire protocol version {version}, this client version "
+            f"{VERSION}: use the pool's envpool-k8s version in the trainer")
+    sock.sendall(_digest(key, b"client", greeting[HELLO.size:]) + mine)
+    status = _recv_exact(sock, 1)[0]
+    if status == REFUSED:
+        (n,) = struct.unpack("<H", _recv_exact(sock, 2))
+        raise AuthenticationError(f"the actor refused the connection: {_recv_exact(sock, n).decode(errors='replace')}")
+    if status != ACCEPTED or not hmac.compare_digest(
+            _recv_exact(sock, 32), _digest(key, b"server", mine)):
         raise AuthenticationError("the channel server does not hold the key")
 
 
@@ -123,6 +242,23 @@ def client_handshake(sock: socket.socket, key: bytes) -> None:
 
 def frame(call_id: int, op: int, body: bytes = b"") -> bytes:
     return HEAD.pack(len(body), call_id, op) + body
+
+
+def send_parts(sock: socket.socket, call_id: int, op: int,
+               parts: Sequence[bytes | memoryview]) -> None:
+    """One frame whose body is ``parts`` back to back, in as few system calls as the
+    socket takes (``sendmsg`` gathers them: no copy of a big array into one body)."""
+    views = [memoryview(p).cast("B") for p in parts]
+    size = sum(v.nbytes for v in views)
+    check_size(size, "a frame")
+    pending = [memoryview(HEAD.pack(size, call_id, op)), *views]
+    while pending:
+        sent = sock.sendmsg(pending)
+        while pending and sent >= pending[0].nbytes:
+            sent -= pending[0].nbytes
+            pending.pop(0)
+        if pending and sent:
+            pending[0] = pending[0][sent:]
 
 
 def send(sock: socket.socket, call_id: int, op: int, body: bytes = b"") -> None:
@@ -154,6 +290,10 @@ class Frames:
         #: before sleeping in ``recv``, look for the next frame this long (s), giving the
         #: core away between looks (see :meth:`~remote_env.wire.channel.ChannelServer.spin`)
         self.spin_s = 0.0
+
+    def spin_for(self, seconds: float) -> None:
+        """Look for the next frame this long before sleeping in ``recv`` (0: sleep at once)."""
+        self.spin_s = max(0.0, float(seconds))
 
     @property
     def mid_frame(self) -> bool:
@@ -278,14 +418,26 @@ def step_message(op: int, body: memoryview) -> tuple[Any, ...]:
     raise ValueError(f"unknown channel op {op}")
 
 
-def step_reply(value: Any) -> tuple[int, bytes]:
-    """(status, body) of a shared_step's reply: nothing but infos and failures when
-    the results are in the shared arrays, else the whole value pickled."""
+def step_reply(value: Any) -> tuple[int, list[bytes | memoryview]]:
+    """(status, body parts) of a shared_step's reply: nothing but infos and failures
+    when the results are in the shared arrays, else the whole value (see :func:`reply`)."""
     if type(value) is not Batch or value.obs is not None or value.is_reset:
-        return OK, dumps(value)
+        return reply(value)
     if not value.infos and not value.failures:
-        return STEPPED, b""
-    return STEPPED_MORE, dumps((value.infos, value.failures))
+        return STEPPED, []
+    return STEPPED_MORE, [dumps((value.infos, value.failures))]
+
+
+def reply(value: Any) -> tuple[int, list[bytes | memoryview]]:
+    """(status, body parts) of a value's reply: its arrays as raw buffers if it has big ones."""
+    with_buffers, parts = pack(value)
+    return (OK_OOB if with_buffers else OK), parts
+
+
+def call_body(message: Any) -> tuple[int, list[bytes | memoryview]]:
+    """(op, body parts) of a call that is not a ``shared_step``."""
+    with_buffers, parts = pack(message)
+    return (PICKLED_OOB if with_buffers else PICKLED), parts
 
 
 def step_batch(positions: list[int], status: int, body: memoryview) -> Batch:

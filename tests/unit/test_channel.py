@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import _thread
+import hashlib
+import hmac
 import os
 import pickle
 import socket
@@ -135,7 +137,7 @@ def test_a_silent_client_blocks_no_one_and_is_dropped_after_the_auth_timeout() -
         assert channel.get(ch.call(("echo", 1)), _NoRay()) == 1
         assert time.perf_counter() - t0 < 0.4, "the new channel waited for the silent client"
         silent.settimeout(5)
-        assert len(silent.recv(64)) == 32  # the challenge
+        assert len(silent.recv(64)) == protocol.HELLO.size + protocol.NONCE  # hello, challenge
         assert silent.recv(64) == b"", "the silent client is dropped after auth_timeout_s"
         silent.close()
         ch.close()
@@ -314,24 +316,32 @@ def test_big_values_cross_both_ways_between_small_ones(server: Any) -> None:
 
 
 def test_a_peer_speaking_other_frames_fails_to_authenticate(server: Any) -> None:
-    """A driver of the pickled-frames channel: refused at the handshake, not left
-    hanging on frames it cannot read (it then uses Ray calls)."""
+    """A driver of the older frames (no hello, a bare challenge answer): refused at the
+    handshake and the connection closed, not left hanging on frames it cannot read (it
+    then uses Ray calls)."""
     old = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old.settimeout(5)
     old.connect(server.address)
     try:
         nonce = protocol._recv_exact(old, protocol.NONCE)
-        old.sendall(protocol._digest(server.authkey, b"client", nonce) + bytes(protocol.NONCE))
-        assert old.recv(64) == b"", "the server must drop a client of the old frames"
+        old.sendall(hmac.new(server.authkey, b"client/frames-2" + nonce, hashlib.sha256).digest()
+                    + bytes(protocol.NONCE))
+        got = b""
+        while chunk := old.recv(4096):
+            got += chunk
+        assert b"not an EnvPool channel" in got, got  # refused, then closed
     finally:
         old.close()
+    ch = channel.Channel(server.address, server.authkey)  # the server goes on
+    assert channel.get(ch.call(("echo", "ok")), _NoRay()) == "ok"
+    ch.close()
 
 
 def test_a_spinning_reader_takes_a_frame_that_comes_within_its_spin_and_sleeps_after() -> None:
     a, b = socket.socketpair()
     try:
         frames = protocol.Frames(b)
-        frames.spin_s = 0.05
+        frames.spin_for(0.05)
         threading.Timer(0.01, lambda: a.sendall(protocol.frame(1, 0, b"soon"))).start()
         c0 = time.process_time()
         assert bytes(frames.wait()[2]) == b"soon"  # read by a non-blocking look

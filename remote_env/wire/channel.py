@@ -13,7 +13,7 @@ challenge, on the connection's own thread and within ``AUTH_TIMEOUT_S``: a clien
 that connects and says nothing never blocks the next one; at most
 ``MAX_HANDSHAKES`` strangers at once). Nothing listens on a network interface unless
 asked (:meth:`ChannelServer.listen_tcp`, for drivers on other nodes; the same
-handshake and frames). The protocol is written down in ``docs/wire-protocol.md``.
+handshake and frames). The protocol is written down in ``remote_env/wire/README.md``.
 
 Messages: every call carries an id and every reply the id of its call, so a reply
 that cannot be decoded fails its own call only and is never paired with another.

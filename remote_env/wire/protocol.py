@@ -53,7 +53,7 @@ NONCE = 32
 #: client, a port scanner) is told apart from one of another version
 MAGIC = b"EPWIRE"
 #: the wire protocol's version; a peer of another version is refused with a message
-#: that names both (docs/wire-protocol.md says what each version changed)
+#: that names both (remote_env/wire/README.md says what each version changed)
 VERSION = 3
 #: in the handshake's digests too, so a peer that skipped the version check fails
 PROTOCOL = b"/frames-%d" % VERSION

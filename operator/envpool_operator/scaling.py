@@ -61,9 +61,8 @@ def autoscale(key: tuple[str, str], runtime: runtime_mod.Runtime, logger: Any,
         report = status_mod.fresh_report(bodies.status_of(body).get("pool"), bodies.now())
         current = pool.replicas
         leased: int | None = None
-        if report is not None and "leasedEnvs" in report:
-            raw = report.get("leasedEnvs")
-            leased = raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
+        if report is not None and report.leased_envs is not None:
+            leased = report.leased_envs
             recommended = autoscaler.recommend(auto, leased=leased,
                                                envs_per_actor=pool.envs_per_actor)
             stab = runtime.stabilizers.setdefault(key, autoscaler.Stabilizer())

@@ -11,7 +11,7 @@
 - :mod:`~remote_env.pool.attach`: trainers lease actors (``RemoteVectorEnv.from_pool``).
 - :mod:`~remote_env.pool.spec_source`: where the running spec comes from (the
   EnvPool itself in-cluster, else the config file).
-- :mod:`~remote_env.pool.status`, :mod:`~remote_env.pool.http_server`,
+- :mod:`~remote_env.pool.snapshot`, :mod:`~remote_env.pool.http_server`,
   :mod:`~remote_env.pool.kube_report`: how the pool shows itself (the ``/status``
   document; ``/status``, ``/metrics``, ``/healthz``; ``status.pool``).
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
-from remote_env.pool.slot import Slot
+from remote_env.pool.slot import ActorSlot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Progress:
         return self.outdated_envs == 0
 
 
-def progress(slots: Sequence[Slot], revision: str, leased: Mapping[int, str]) -> Progress:
+def progress(slots: Sequence[ActorSlot], revision: str, leased: Mapping[int, str]) -> Progress:
     """Envs in actors of ``revision`` and of older ones."""
     old = [s for s in slots if s.revision != revision]
     return Progress(
@@ -70,7 +70,7 @@ def progress(slots: Sequence[Slot], revision: str, leased: Mapping[int, str]) ->
     )
 
 
-def plan(slots: Sequence[Slot], *, revision: str, envs_per_actor: int, desired_envs: int,
+def plan(slots: Sequence[ActorSlot], *, revision: str, envs_per_actor: int, desired_envs: int,
          max_unavailable: int, leased: Mapping[int, str], overdue: Collection[int] = ()
          ) -> Plan:
     """The outdated actors to take down now (see the module's rules).

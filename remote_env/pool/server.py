@@ -50,9 +50,9 @@ from prometheus_client import CollectorRegistry
 
 from remote_env import spec as spec_mod
 from remote_env.metrics import PoolMetrics
-from remote_env.pool import actors, http_server, launch, registry_store, slot
+from remote_env.pool import http_server, launch, registry_store, slot, supervisor
 from remote_env.pool import registry as registry_mod
-from remote_env.pool import status as status_mod
+from remote_env.pool import snapshot as snapshot_mod
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +104,12 @@ class PoolServer:
         self._http_host = http_host
         self._http_port = spec.metrics_port if http_port is None else http_port
         self._reporter = status_reporter
-        self.actors = actors.ActorSet(spec, ray_namespace=self.ray_namespace,
-                                      metrics=self.metrics, health_interval_s=health_interval_s,
-                                      actor_options=actor_options or {},
-                                      env_resource=env_resource)
+        self.supervisor = supervisor.ActorSupervisor(
+            spec, ray_namespace=self.ray_namespace, metrics=self.metrics,
+            health_interval_s=health_interval_s,
+            launcher=launch.ActorLauncher(ray_namespace=self.ray_namespace,
+                                          actor_options=actor_options or {},
+                                          env_resource=env_resource))
         self._registry_actor: Any = None
         self._pending_spec: spec_mod.PoolSpec | None = None
         # specs handed to apply_spec / applied by a tick: wait_ready waits for the latest
@@ -122,6 +124,9 @@ class PoolServer:
         self._hosts: dict[str, str] = {}
         self._hosts_at = -NODES_REFRESH_S
         self._requests: list[tuple[int, str, str]] = []
+        #: The supervisor's layout version last published (None: publish on the next
+        #: tick) and the lease actor's layout generation that publication made.
+        self._published_version: int | None = None
         self._published_generation: int | None = None
         self._last_tick: float | None = None
         self._http: http.server.ThreadingHTTPServer | None = None
@@ -165,7 +170,7 @@ class PoolServer:
         ).remote(self.spec.name, ray_namespace=self.ray_namespace,
                  store=registry_store.RayKVStore(self.ray_namespace))
         layout = ray.get(self._registry_actor.layout.remote())
-        self.actors.adopt(layout, time.monotonic())
+        self.supervisor.adopt(layout, time.monotonic())
         if self._http_port >= 0:
             self._http = http_server.serve_http(self, self._http_host, self._http_port)
             log.info("pool %s: serving %s/status, /metrics and /healthz", self.spec.name, self.url)
@@ -188,7 +193,7 @@ class PoolServer:
                 self.tick()
             except Exception as exc:
                 # The loop must outlive a bad tick (a Ray hiccup): say so and go on.
-                self.actors.last_error = f"supervision tick failed: {type(exc).__name__}: {exc}"
+                self.supervisor.tick_failed(f"supervision tick failed: {type(exc).__name__}: {exc}")
                 log.exception("pool %s: supervision tick failed", self.spec.name)
                 self._stop.wait(self.health_interval_s)
             if on_tick is not None:
@@ -215,7 +220,7 @@ class PoolServer:
         self.metrics.remove()
         http_server.pool_gauges(self.registry, len(self._labels)).remove(self._labels)
         if destroy and ray.is_initialized():
-            self.actors.kill_all()
+            self.supervisor.kill_all()
             if self._registry_actor is not None:
                 slot.kill(self._registry_actor)
                 registry_store.RayKVStore(self.ray_namespace).clear()  # the pool is gone
@@ -285,19 +290,20 @@ class PoolServer:
         self._apply_pending_spec()
         requests, self._requests = self._requests, []
         for slot_id, actor_id, reason in requests:
-            self.actors.reported(slot_id, actor_id, reason, now)
-        self.actors.supervise(now, self._leased, self._withdraw)
+            self.supervisor.reported(slot_id, actor_id, reason, now)
+        self.supervisor.supervise(now, self._leased, self._withdraw)
         self._refresh_hosts(now)
         self._update_snapshot(now)
-        dirty = self.actors.dirty
-        layout = self.actors.layout() if dirty else None
-        pool_info = self._pool_info() if dirty else None
+        version = self.supervisor.layout_version
+        publish = version != self._published_version
+        layout = self.supervisor.layout() if publish else None
+        pool_info = self._pool_info() if publish else None
         sync = self._registry_call("server_sync", layout, pool_info, self.health_interval_s)
-        if layout is not None:
-            self.actors.dirty = False
+        if publish:
+            self._published_version = version
             self._published_generation = sync["generation"]
         elif sync["generation"] != self._published_generation:
-            self.actors.dirty = True  # the registry restarted and lost the layout: republish
+            self._published_version = None  # the registry restarted and lost the layout
         self._take_sync(sync)
         self._last_tick = time.monotonic()
         self._update_snapshot(self._last_tick)
@@ -328,8 +334,8 @@ class PoolServer:
             return ray.get(getattr(self._registry_actor, method).remote(*args))
 
     def pool_report(self) -> dict[str, Any]:
-        """``status.pool`` of the EnvPool (see :func:`remote_env.pool.status.pool_report`)."""
-        return status_mod.pool_report(self.status())
+        """``status.pool`` of the EnvPool (see :func:`remote_env.pool.snapshot.pool_report`)."""
+        return snapshot_mod.pool_report(self.status())
 
     def _refresh_hosts(self, now: float) -> None:
         import ray
@@ -353,7 +359,7 @@ class PoolServer:
         if old.metrics_port != spec.metrics_port:
             log.warning("pool %s: metrics.port changed to %d: takes effect when the pool server "
                         "restarts", spec.name, spec.metrics_port)
-        self.actors.respec(spec, time.monotonic())
+        self.supervisor.respec(spec, time.monotonic())
 
     # ---------------------------------------------------------------- status
     def _pool_info(self) -> dict[str, Any]:
@@ -363,11 +369,11 @@ class PoolServer:
                 "document": self.spec.to_document()}
 
     def _update_snapshot(self, now: float) -> None:
-        snap = status_mod.snapshot(
+        snap = snapshot_mod.snapshot(
             self.spec, ray_namespace=self.ray_namespace,
-            slots=sorted(self.actors.slots.values(), key=lambda s: s.slot),
+            slots=self.supervisor.slots(),
             leased=self._leased, leases=self._leases, hosts=self._hosts,
-            last_error=self.actors.last_error, healthy=self.healthy(),
+            last_error=self.supervisor.last_error, healthy=self.healthy(),
             spec_version=self._spec_applied)
         with self._snapshot_lock:
             self._snapshot = snap

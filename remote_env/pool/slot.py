@@ -52,8 +52,9 @@ def node_id(_host: Any) -> str:
 
 
 @dataclasses.dataclass
-class Slot:
-    """One env actor position of the pool and its supervision state."""
+class ActorSlot:
+    """One env actor position of the pool and its supervision state: a record that
+    only :class:`~remote_env.pool.supervisor.ActorSupervisor` writes."""
 
     slot: int
     num_envs: int

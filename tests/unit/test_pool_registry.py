@@ -205,17 +205,10 @@ def test_a_restarted_registry_waits_for_the_layout_instead_of_failing_trainers()
 def test_env_resource_required_places_by_it_without_asking_ray() -> None:
     # the operator's pool servers start before any worker pod has joined: asking the
     # cluster then found no env resource, and actors were placed by CPU (two per pod)
-    from prometheus_client import CollectorRegistry
+    from remote_env.pool.launch import ActorLauncher
 
-    from remote_env import spec as spec_mod
-    from remote_env.metrics import PoolMetrics
-    from remote_env.pool.actors import ActorSet
-
-    pool = spec_mod.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 2}, name="p")
-    metrics = PoolMetrics(CollectorRegistry(), "p")
-    required = ActorSet(pool, ray_namespace="ns", metrics=metrics, health_interval_s=1.0,
-                        actor_options={}, env_resource=True)
-    assert required._has_env_resource() is True  # no Ray connected: it did not ask
+    required = ActorLauncher(ray_namespace="ns", actor_options={}, env_resource=True)
+    assert required.has_env_resource() is True  # no Ray connected: it did not ask
 
 
 # ------------------------------------------- the registry's own restart (#28)
@@ -293,8 +286,8 @@ def test_withdraw_takes_only_unleased_actors_out_of_reach_of_grants() -> None:
 
 
 def test_scale_down_plans_whole_free_actors_newest_first_then_a_cut() -> None:
-    from remote_env.pool.actors import plan_scale_down
-    from remote_env.pool.slot import Slot
+    from remote_env.pool.slot import ActorSlot as Slot
+    from remote_env.pool.supervisor import plan_scale_down
 
     slots = [Slot(0, 4), Slot(1, 4), Slot(2, 4), Slot(3, 2)]
     remove, cut, by = plan_scale_down(slots, 6, leased={})

@@ -76,7 +76,7 @@ class ActorSlot:
     last_error: str = ""
     node_id: str = ""
     after_failure: bool = False
-    # False for an adopted actor the registry had no record of, until start() tells
+    # False for an adopted actor the lease actor had no record of, until start() tells
     size_known: bool = True
     # the spec revision its actor was built from: another one is rolled (rollout.plan)
     revision: str = ""

@@ -99,7 +99,7 @@ class ActorSupervisor:
     def supervise(self, now: float, leased: Mapping[int, str], withdraw: Withdraw) -> None:
         """One pass: starts, pings, backoffs, then scaling to ``spec.desired_envs``.
 
-        ``leased`` is the registry's last answer, to plan a scale-down by; ``withdraw``
+        ``leased`` is the lease actor's last answer, to plan a scale-down by; ``withdraw``
         asks it at the moment of removal (a lease may have been granted since).
         """
         self._check_starts(now)
@@ -135,7 +135,7 @@ class ActorSupervisor:
     def roll(self, now: float, leased: Mapping[int, str], withdraw: Withdraw) -> None:
         """One rollout step (:func:`remote_env.pool.rollout.plan`): rebuild free actors of
         an older revision in place, or remove those of another size (the next scaling
-        pass adds actors of the new size). The registry has the last word on which are
+        pass adds actors of the new size). The lease actor has the last word on which are
         still free (``withdraw``), as for a scale-down. With ``leasedActors:
         ReplaceAfterGrace`` a leased one past its grace is rebuilt too, as after a
         failure: its trainer's calls fail once and it steps the new actor."""
@@ -185,18 +185,19 @@ class ActorSupervisor:
             kill(s.handle)
         self._slots.clear()
 
-    def adopt(self, layout: Mapping[str, Any], now: float) -> None:
-        """Take over the pool a previous pool server left: the registry's layout and the
+    def adopt(self, published: Sequence[SlotInfo], pool_info: Mapping[str, Any],
+              now: float) -> None:
+        """Take over the pool a previous pool server left: the lease actor's layout and the
         named actors in the namespace, together.
 
         A live actor is adopted with its slot's record (size, restarts, streak); a slot
-        the registry knows without a live actor (in restart backoff, or its actor died
+        the lease actor knows without a live actor (in restart backoff, or its actor died
         while no server watched) is restarted under its streak; a failed one stays
         failed. So a restart of the pool server loses no slot a trainer may hold.
         """
         import ray
 
-        known: dict[int, SlotInfo] = {s.slot: s for s in layout.get("slots", [])}
+        known: dict[int, SlotInfo] = {s.slot: s for s in published}
         latest: dict[int, int] = {}
         names: list[tuple[int, int, str]] = []
         for entry in ray.util.list_named_actors(all_namespaces=True):
@@ -207,9 +208,9 @@ class ActorSupervisor:
                 slot, gen = int(m.group(1)), int(m.group(2))
                 names.append((slot, gen, entry["name"]))
                 latest[slot] = max(gen, latest.get(slot, -1))
-        # Rebuild only actors known to be built from another spec; a registry that lost
+        # Rebuild only actors known to be built from another spec; a lease actor that lost
         # its record (restarted with the head) cannot tell, so they are kept.
-        built_from = layout.get("pool_info", {}).get("signature")
+        built_from = pool_info.get("signature")
         same_build = built_from is None or built_from == signature(self._spec)
         for slot, gen, name in names:
             try:
@@ -248,7 +249,7 @@ class ActorSupervisor:
             log.info("pool %s: adopted %d actors (%d envs) from namespace %s%s%s",
                      self._spec.name, len(self._slots) - len(lost),
                      sum(s.num_envs for s in self._slots.values()), self.ray_namespace,
-                     f"; restarting {len(lost)} the registry knew without an actor"
+                     f"; restarting {len(lost)} the lease actor knew without an actor"
                      if lost else "",
                      "" if same_build else "; rolling them: spec changed")
 
@@ -453,7 +454,7 @@ class ActorSupervisor:
         What leases hold stays until the lease ends (the next ticks finish the job), so
         a size written from a slightly old lease count (the autoscaler's, an HPA's)
         cannot take envs from a trainer. The plan is made from ``leased`` (the last
-        sync); the registry has the last word (``withdraw``): an actor leased since is
+        sync); the lease actor has the last word (``withdraw``): an actor leased since is
         kept, and the next pass plans again.
         """
         remove, cut, cut_by = plan_scale_down(list(self._slots.values()), excess, leased)

@@ -52,8 +52,22 @@ class Problem:
     message: str
 
 
+def now() -> datetime.datetime:
+    """The time that status timestamps and pool-report freshness are judged against."""
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
 def rfc3339(now: datetime.datetime) -> str:
     return report_mod.timestamp(now)
+
+
+def status_of(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An EnvPool body's ``status`` (``{}`` before the first one is written).
+
+        >>> status_of({"metadata": {"name": "cp"}})
+        {}
+    """
+    return body.get("status") or {}
 
 
 def _int(value: Any) -> int:

@@ -61,6 +61,7 @@ class ActorLauncher:
         self._actor_options = dict(actor_options)
         self._env_resource_required = env_resource
         self._env_resource_seen: tuple[float, bool] = (-ENV_RESOURCE_RECHECK_S, False)
+        self._actor_cls: Any = None
 
     def launch(self, spec: spec_mod.PoolSpec, *, slot: int, num_envs: int, generation: int,
                after_failure: bool, restarts: int) -> Launched:
@@ -72,8 +73,6 @@ class ActorLauncher:
         Raises:
             LaunchFailed: Ray refused the actor (no retry will do better).
         """
-        from remote_env.driver.vector import RemoteVectorEnv
-
         ft = spec.fault_tolerance
         options: dict[str, Any] = {
             "namespace": self.ray_namespace,
@@ -102,7 +101,7 @@ class ActorLauncher:
             # Fresh envs must be reset before stepping; NEXT_STEP does it on the next step.
             kwargs["restart_seeds"] = [None] * num_envs
             kwargs["restarts"] = [restarts] * num_envs
-        host_cls = RemoteVectorEnv.host_class()
+        host_cls = self.actor_class()
         factory = entrypoints.EnvFactory.from_spec(spec.env)
         bad_env = runtime_env_error(spec.ray.runtime_env)
         if bad_env is not None:
@@ -123,6 +122,17 @@ class ActorLauncher:
         else:
             raise RuntimeError(f"pool {spec.name}: cannot name a new actor for slot {slot}")
         return Launched(generation, handle, handle._actor_id.hex(), handle.start.remote())
+
+    def actor_class(self) -> Any:
+        """``ray.remote(SubEnvHost)``, made once. From the actor side itself: the pool
+        server loads no trainer code to create actors."""
+        if self._actor_cls is None:
+            import ray
+
+            from remote_env.actor.host import SubEnvHost
+
+            self._actor_cls = ray.remote(SubEnvHost)
+        return self._actor_cls
 
     def has_env_resource(self) -> bool:
         """Place actors by the env resource (see the class)."""

@@ -93,7 +93,6 @@ class PoolServer:
     ) -> None:
         if health_interval_s <= 0:
             raise ValueError(f"health_interval_s must be > 0, got {health_interval_s}")
-        self.spec = spec
         self.ray_namespace = ray_namespace or spec.ray_namespace
         self.health_interval_s = health_interval_s
         self.metrics = PoolMetrics(registry, spec.name, metrics_namespace)
@@ -137,6 +136,11 @@ class PoolServer:
         http_server.pool_gauges(self.registry, len(self._labels)).add(self._labels, self._gauges)
 
     # ------------------------------------------------------------- lifecycle
+    @property
+    def spec(self) -> spec_mod.PoolSpec:
+        """The spec the pool runs (the supervisor's; a new one arrives by :meth:`apply_spec`)."""
+        return self.supervisor.spec
+
     @property
     def http_port(self) -> int | None:
         """The HTTP server's port (after :meth:`start`), None when not serving."""
@@ -357,7 +361,7 @@ class PoolServer:
             self._spec_applied = self._spec_asked
         if spec is None or spec == self.spec:
             return
-        old, self.spec = self.spec, spec
+        old = self.spec
         log.info("pool %s: spec changed: replicas %d -> %d, envsPerActor %d -> %d",
                  spec.name, old.replicas, spec.replicas, old.envs_per_actor, spec.envs_per_actor)
         if old.metrics_port != spec.metrics_port:

@@ -1,10 +1,10 @@
 """Pure status logic: RayCluster status + pool-server report -> EnvPool status.
 
-Inputs are the RayCluster as read from the API (a plain dict) and the ``status.pool``
-report the pool server writes, read through its typed model
-(:class:`remote_env.spec.pool_report.PoolReport`, shared with the writer); the output is the EnvPool status fields to
-merge-patch. Conditions keep their ``lastTransitionTime`` while their status
-does not change::
+Inputs are the RayCluster as read from the API (a plain dict) and the
+``status.pool`` report the pool server writes, read through its typed model
+(:class:`remote_env.spec.pool_report.PoolReport`, shared with the writer); the
+output is the EnvPool status fields to merge-patch. Conditions keep their
+``lastTransitionTime`` while their status does not change::
 
     >>> import datetime
     >>> now = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)

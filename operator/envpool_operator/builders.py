@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -30,6 +30,7 @@ import yaml
 from envpool_operator import access, names, pod_templates
 from envpool_operator import settings as settings_mod
 from remote_env import spec as spec_mod
+from remote_env.spec.pool_report import PoolReport
 
 
 def build_config_map(pool: spec_mod.PoolSpec) -> dict[str, Any]:
@@ -139,7 +140,7 @@ def build_ray_cluster(
 
 
 def worker_plan(
-    pool: spec_mod.PoolSpec, *, current: int | None, report: Mapping[str, Any] | None,
+    pool: spec_mod.PoolSpec, *, current: int | None, report: PoolReport | None,
 ) -> tuple[int, list[str]]:
     """(worker replicas, worker pods to remove) for a RayCluster with ``current`` workers.
 
@@ -152,11 +153,12 @@ def worker_plan(
     when ``replicas`` drops, leased envs included.
 
         >>> pool = spec_mod.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 64}, name="p")
-        >>> worker_plan(pool, current=3, report={"leasedWorkers": ["p-envs-worker-a"],
-        ...     "freeWorkers": ["p-envs-worker-c", "p-envs-worker-b"]})
+        >>> read = PoolReport.read
+        >>> worker_plan(pool, current=3, report=read({"leasedWorkers": ["p-envs-worker-a"],
+        ...     "freeWorkers": ["p-envs-worker-c", "p-envs-worker-b"]}))
         (1, ['p-envs-worker-c', 'p-envs-worker-b'])
-        >>> worker_plan(pool, current=3, report={"leasedWorkers": ["p-envs-worker-a",
-        ...     "p-envs-worker-b"], "freeWorkers": ["p-envs-worker-c"]})
+        >>> worker_plan(pool, current=3, report=read({"leasedWorkers": ["p-envs-worker-a",
+        ...     "p-envs-worker-b"], "freeWorkers": ["p-envs-worker-c"]}))
         (2, ['p-envs-worker-c'])
     """
     want = pool.workers
@@ -165,8 +167,8 @@ def worker_plan(
     # Ray knows its nodes by host name, which is the pod's name in a pod; hosts that are
     # not this group's pods (Ray outside Kubernetes) say nothing about them.
     prefix = f"{names.ray_cluster_name(pool.name)}-{names.WORKER_GROUP}-"
-    held = {h for h in report.get("leasedWorkers") or () if str(h).startswith(prefix)}
-    free = [str(h) for h in report.get("freeWorkers") or () if str(h).startswith(prefix)]
+    held = {h for h in report.leased_workers if h.startswith(prefix)}
+    free = [h for h in report.free_workers if h.startswith(prefix)]
     if not held and not free:
         return want, []
     keep = max(want, len(held))

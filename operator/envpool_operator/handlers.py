@@ -8,7 +8,6 @@ blocking Kubernetes client never stalls the event loop.
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
-from envpool_operator import bodies, kube, names, reconcile, scaling
+from envpool_operator import kube, names, reconcile, scaling
 from envpool_operator import metrics as metrics_mod
 from envpool_operator import runtime as runtime_mod
 from envpool_operator import settings as settings_mod
@@ -125,7 +124,7 @@ def reconcile_fn(
 def _status_only(body: kopf.Body, patch: kopf.Patch, runtime: runtime_mod.Runtime) -> None:
     key = (body.metadata.namespace or "", body.metadata.name or "")
     st = reconcile.compute(body, settings=runtime.settings,
-                           ray_cluster=runtime.ray_clusters.get(key), reconciled=False)
+                           ray_cluster=runtime.ray_cluster(key), reconciled=False)
     if status_mod.status_changed(body.status, st):
         patch.status.update(st)
         runtime.metrics.status_updates.inc()
@@ -143,17 +142,16 @@ def pool_event_fn(
     if type == "DELETED":
         runtime.forget(key)
         return
-    with runtime.lock:
-        runtime.pools[key] = copy.deepcopy(dict(body))
-    if body.metadata.deletion_timestamp or key not in runtime.ray_clusters:
+    runtime.remember_pool(key, body)
+    if body.metadata.deletion_timestamp or runtime.ray_cluster(key) is None:
         return  # nothing to report yet: the reconcile writes the first status
     _status_only(body, patch, runtime)
     try:
         scaling.autoscale(key, runtime, logger)
         # Worker pods kept for leased envs: once a report names pods without leases,
         # shrink now rather than at the next spec change or resync.
-        pool = bodies.parse(body, runtime.settings)
-        if reconcile.shrink_waiting(pool, body, runtime.ray_clusters.get(key)):
+        pool = settings_mod.parse_pool(body, runtime.settings)
+        if reconcile.shrink_waiting(pool, body, runtime.ray_cluster(key)):
             reconcile.reconcile_fresh(key, runtime, logger)
     except spec_mod.SpecError:
         pass  # the reconcile reports it (SpecValid=False)
@@ -176,7 +174,7 @@ def ray_cluster_event_fn(
     rc = None if type == "DELETED" else dict(body)
     try:
         reconcile.refresh_from_ray_cluster(rc, key, runtime)
-        if type == "DELETED" and key in runtime.pools:
+        if type == "DELETED" and runtime.knows_pool(key):
             # Re-read first: the EnvPool itself may be what is being deleted.
             reconcile.reconcile_fresh(key, runtime, logger)
     except kube.ApiProblem as exc:
@@ -194,4 +192,4 @@ def delete_fn(name: str, namespace: str | None, memo: kopf.Memo, logger: Any, **
 @kopf.on.probe(id="pools")
 def pools_probe(memo: kopf.Memo, **_: Any) -> int:
     runtime = getattr(memo, "envpool", None)
-    return len(runtime.pools) if runtime is not None else 0
+    return runtime.pool_count() if runtime is not None else 0

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import kopf
 
-from envpool_operator import bodies, builders, kube, names
+from envpool_operator import builders, kube, names
 from envpool_operator import runtime as runtime_mod
 from envpool_operator import settings as settings_mod
 from envpool_operator import status as status_mod
@@ -51,12 +51,12 @@ def compute(
 ) -> dict[str, Any]:
     """The EnvPool's status from its body and its RayCluster (no API calls)."""
     meta = body.get("metadata") or {}
-    previous = bodies.status_of(body)
+    previous = status_mod.status_of(body)
     generation = meta.get("generation")
     pool: spec_mod.PoolSpec | None = None
     error: str | None = None
     try:
-        pool = bodies.parse(body, settings)
+        pool = settings_mod.parse_pool(body, settings)
     except spec_mod.SpecError as exc:
         error = str(exc)
     return status_mod.compute_status(
@@ -69,7 +69,7 @@ def compute(
         ray_cluster=ray_cluster,
         pool_report=previous.get("pool"),
         previous=previous,
-        now=bodies.now(),
+        now=status_mod.now(),
         problem=problem,
         expected_hash=builders.cluster_hash(pool, settings) if pool else None,
     )
@@ -134,9 +134,9 @@ def reconcile(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any
     meta = body.get("metadata") or {}
     key = (meta.get("namespace", ""), meta.get("name", ""))
     try:
-        pool = bodies.parse(body, settings)
+        pool = settings_mod.parse_pool(body, settings)
     except spec_mod.SpecError as exc:
-        st = compute(body, settings=settings, ray_cluster=runtime.ray_clusters.get(key),
+        st = compute(body, settings=settings, ray_cluster=runtime.ray_cluster(key),
                      reconciled=True)
         return Outcome(st, "invalid", kopf.PermanentError(f"invalid EnvPool spec: {exc}"))
     try:
@@ -149,8 +149,7 @@ def reconcile(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any
         delay = restarts.backoff(stop.delay, retry, settings.max_retry_seconds)
         logger.warning(f"{stop.problem.reason}: {stop.problem.message}; retrying in {delay:g}s")
         return Outcome(st, "retry", kopf.TemporaryError(stop.problem.message, delay=delay))
-    with runtime.lock:
-        runtime.ray_clusters[key] = copy.deepcopy(rc)
+    runtime.remember_ray_cluster(key, rc)
     return Outcome(compute(body, settings=settings, ray_cluster=rc, reconciled=True), "success")
 
 
@@ -204,7 +203,7 @@ def _current_workers(ray_cluster: Mapping[str, Any] | None) -> int | None:
 def workers_for(pool: spec_mod.PoolSpec, body: Mapping[str, Any],
                 ray_cluster: Mapping[str, Any] | None) -> tuple[int, list[str]]:
     """:func:`builders.worker_plan` from the RayCluster as it is and a fresh pool report."""
-    report = status_mod.fresh_report(bodies.status_of(body).get("pool"), bodies.now())
+    report = status_mod.fresh_report(status_mod.status_of(body).get("pool"), status_mod.now())
     return builders.worker_plan(pool, current=_current_workers(ray_cluster), report=report)
 
 
@@ -228,7 +227,7 @@ def refreshed_status(
     if (body.get("metadata") or {}).get("deletionTimestamp"):
         return None
     st = compute(body, settings=settings, ray_cluster=ray_cluster, reconciled=False)
-    return st if status_mod.status_changed(bodies.status_of(body), st) else None
+    return st if status_mod.status_changed(status_mod.status_of(body), st) else None
 
 
 def refresh_from_ray_cluster(
@@ -236,16 +235,10 @@ def refresh_from_ray_cluster(
     runtime: runtime_mod.Runtime,
 ) -> None:
     """A RayCluster changed: recompute its EnvPool's status and patch it if different."""
-    with runtime.lock:
-        if ray_cluster is None:
-            runtime.ray_clusters.pop(pool_key, None)
-        else:
-            runtime.ray_clusters[pool_key] = copy.deepcopy(dict(ray_cluster))
-        known = pool_key in runtime.pools
-    if not known:
+    if not runtime.remember_ray_cluster(pool_key, ray_cluster):
         return
     with runtime.pool_lock(pool_key):
-        body = runtime.pools.get(pool_key)
+        body = runtime.pool_body(pool_key)
         st = None if body is None else refreshed_status(body, ray_cluster, runtime.settings)
         if st is not None:
             kube.patch_envpool_status(pool_key[0], pool_key[1], st)
@@ -285,10 +278,9 @@ def reconcile_fresh(key: tuple[str, str], runtime: runtime_mod.Runtime,
             return None
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             return None
-        with runtime.lock:
-            runtime.pools[key] = copy.deepcopy(body)
+        runtime.remember_pool(key, body)
         outcome = counted(body, runtime, logger)
-        if status_mod.status_changed(bodies.status_of(body), outcome.status):
+        if status_mod.status_changed(status_mod.status_of(body), outcome.status):
             kube.patch_envpool_status(ns, name, outcome.status)
             runtime.metrics.status_updates.inc()
         return outcome

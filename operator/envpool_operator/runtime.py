@@ -9,57 +9,127 @@ resync (:mod:`~envpool_operator.reconcile`) and the autoscaler pass
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from envpool_operator import autoscaler, kube
 from envpool_operator import metrics as metrics_mod
 from envpool_operator import settings as settings_mod
 
+#: (namespace, EnvPool name)
+Key = tuple[str, str]
 
-@dataclasses.dataclass
+
 class Runtime:
-    """What handlers share, kept in kopf's ``memo`` (created at operator start-up)."""
+    """What handlers share, kept in kopf's ``memo`` (created at operator start-up).
 
-    settings: settings_mod.Settings
-    metrics: metrics_mod.OperatorMetrics
-    #: Last seen RayClusters by (namespace, EnvPool name), fed by their watch.
-    ray_clusters: dict[tuple[str, str], dict[str, Any]] = dataclasses.field(default_factory=dict)
-    #: Last seen EnvPools by (namespace, name), so a RayCluster event needs no GET.
-    pools: dict[tuple[str, str], dict[str, Any]] = dataclasses.field(default_factory=dict)
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    #: One lock per EnvPool: kopf's handlers, the RayCluster watch and the
-    #: resync loop never apply the same pool's children at the same time (an
-    #: older body applied after a newer one would roll the spec back).
-    pool_locks: dict[tuple[str, str], threading.RLock] = dataclasses.field(
-        default_factory=dict)
-    #: Recent autoscaler recommendations of each autoscaled EnvPool (in memory: an
-    #: operator restart starts a fresh scale-down window, which only delays shrinking).
-    stabilizers: dict[tuple[str, str], autoscaler.Stabilizer] = dataclasses.field(
-        default_factory=dict)
+    The caches change only through its methods, each under its one lock: the last
+    seen EnvPools and RayClusters by (namespace, EnvPool name), a lock per EnvPool
+    and the autoscaler's stabilizers. Bodies go in and come out as copies, so no
+    caller holds a dict another thread changes.
+    """
 
-    def pool_lock(self, key: tuple[str, str]) -> threading.RLock:
-        with self.lock:
-            return self.pool_locks.setdefault(key, threading.RLock())
+    def __init__(self, settings: settings_mod.Settings,
+                 metrics: metrics_mod.OperatorMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._lock = threading.Lock()
+        #: Last seen EnvPools, so a RayCluster event needs no GET.
+        self._pools: dict[Key, dict[str, Any]] = {}
+        #: Last seen RayClusters, fed by their watch (and by each apply).
+        self._ray_clusters: dict[Key, dict[str, Any]] = {}
+        #: One lock per EnvPool: kopf's handlers, the RayCluster watch and the
+        #: resync loop never apply the same pool's children at the same time (an
+        #: older body applied after a newer one would roll the spec back).
+        self._pool_locks: dict[Key, threading.RLock] = {}
+        #: Recent autoscaler recommendations of each autoscaled EnvPool (in memory: an
+        #: operator restart starts a fresh scale-down window, which only delays shrinking).
+        self._stabilizers: dict[Key, autoscaler.Stabilizer] = {}
+
+    def pool_lock(self, key: Key) -> threading.RLock:
+        with self._lock:
+            return self._pool_locks.setdefault(key, threading.RLock())
+
+    # ------------------------------------------------------------- EnvPools
+    def remember_pool(self, key: Key, body: Mapping[str, Any]) -> None:
+        """The EnvPool as last seen (a watch event, a fresh read)."""
+        kept = copy.deepcopy(dict(body))
+        with self._lock:
+            self._pools[key] = kept
+
+    def pool_body(self, key: Key) -> dict[str, Any] | None:
+        """A copy of the EnvPool as last seen; None when unknown."""
+        with self._lock:
+            body = self._pools.get(key)
+            return None if body is None else copy.deepcopy(body)
+
+    def knows_pool(self, key: Key) -> bool:
+        with self._lock:
+            return key in self._pools
+
+    def pool_keys(self) -> list[Key]:
+        with self._lock:
+            return sorted(self._pools)
+
+    def pool_count(self) -> int:
+        with self._lock:
+            return len(self._pools)
+
+    def scaled(self, key: Key, replicas: int) -> None:
+        """The scale subresource was written: the cached body says so until the watch
+        brings the new body."""
+        with self._lock:
+            cached = self._pools.get(key)
+            if cached is not None:
+                cached.setdefault("spec", {})["replicas"] = replicas
 
     def phases(self) -> list[tuple[str, str, str | None]]:
         """(namespace, name, status.phase) of every known EnvPool, for the metrics."""
-        with self.lock:
+        with self._lock:
             return [(ns, name, (body.get("status") or {}).get("phase"))
-                    for (ns, name), body in self.pools.items()]
+                    for (ns, name), body in self._pools.items()]
 
-    def forget(self, key: tuple[str, str]) -> None:
-        with self.lock:
-            self.pools.pop(key, None)
-            self.ray_clusters.pop(key, None)
-            self.pool_locks.pop(key, None)
-            self.stabilizers.pop(key, None)
+    def forget(self, key: Key) -> None:
+        with self._lock:
+            self._pools.pop(key, None)
+            self._ray_clusters.pop(key, None)
+            self._pool_locks.pop(key, None)
+            self._stabilizers.pop(key, None)
+
+    # ---------------------------------------------------------- RayClusters
+    def remember_ray_cluster(self, key: Key, ray_cluster: Mapping[str, Any] | None) -> bool:
+        """EnvPool ``key``'s RayCluster as last seen (None: gone); True when the EnvPool
+        itself is known."""
+        kept = None if ray_cluster is None else copy.deepcopy(dict(ray_cluster))
+        with self._lock:
+            if kept is None:
+                self._ray_clusters.pop(key, None)
+            else:
+                self._ray_clusters[key] = kept
+            return key in self._pools
+
+    def ray_cluster(self, key: Key) -> dict[str, Any] | None:
+        """EnvPool ``key``'s RayCluster as last seen (read-only: it is replaced, never
+        changed in place); None when unknown."""
+        with self._lock:
+            return self._ray_clusters.get(key)
+
+    # ----------------------------------------------------------- autoscaler
+    def stabilizer(self, key: Key) -> autoscaler.Stabilizer:
+        """EnvPool ``key``'s autoscaler window (a new one on first use)."""
+        with self._lock:
+            return self._stabilizers.setdefault(key, autoscaler.Stabilizer())
+
+    def drop_stabilizer(self, key: Key) -> None:
+        """EnvPool ``key`` is no longer autoscaled: its window goes."""
+        with self._lock:
+            self._stabilizers.pop(key, None)
 
 
 def every_pool(runtime: Runtime, stop: threading.Event, period: float,
-               fn: Callable[[tuple[str, str], Runtime, Any], object], what: str,
+               fn: Callable[[Key, Runtime, Any], object], what: str,
                logger: Any) -> None:
     """Every ``period`` seconds, ``fn(key, runtime, logger)`` for every known EnvPool.
 
@@ -69,9 +139,7 @@ def every_pool(runtime: Runtime, stop: threading.Event, period: float,
     the loop goes on to the next.
     """
     while not stop.wait(period):
-        with runtime.lock:
-            keys = sorted(runtime.pools)
-        for key in keys:
+        for key in runtime.pool_keys():
             if stop.is_set():
                 return
             try:

@@ -10,15 +10,15 @@ through :mod:`~envpool_operator.kube` and reports ``status.autoscaling``.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from envpool_operator import autoscaler, bodies, kube
+from envpool_operator import autoscaler, kube
 from envpool_operator import runtime as runtime_mod
+from envpool_operator import settings as settings_mod
 from envpool_operator import status as status_mod
 from remote_env import spec as spec_mod
 
@@ -46,27 +46,25 @@ def autoscale(key: tuple[str, str], runtime: runtime_mod.Runtime, logger: Any,
     """
     now = time.monotonic() if now is None else now
     with runtime.pool_lock(key):
-        with runtime.lock:
-            body = copy.deepcopy(runtime.pools.get(key))
+        body = runtime.pool_body(key)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return None
         try:
-            pool = bodies.parse(body, runtime.settings)
+            pool = settings_mod.parse_pool(body, runtime.settings)
         except spec_mod.SpecError:
             return None
         auto = pool.autoscaling
         if auto is None or pool.suspend:
-            runtime.stabilizers.pop(key, None)
+            runtime.drop_stabilizer(key)
             return None
-        report = status_mod.fresh_report(bodies.status_of(body).get("pool"), bodies.now())
+        report = status_mod.fresh_report(status_mod.status_of(body).get("pool"), status_mod.now())
         current = pool.replicas
         leased: int | None = None
-        if report is not None and "leasedEnvs" in report:
-            raw = report.get("leasedEnvs")
-            leased = raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
+        if report is not None and report.leased_envs is not None:
+            leased = report.leased_envs
             recommended = autoscaler.recommend(auto, leased=leased,
                                                envs_per_actor=pool.envs_per_actor)
-            stab = runtime.stabilizers.setdefault(key, autoscaler.Stabilizer())
+            stab = runtime.stabilizer(key)
             replicas = stab.decide(auto, current=current, recommended=recommended, now=now)
         else:
             recommended = replicas = max(auto.min_replicas, min(auto.max_replicas, current))
@@ -74,10 +72,7 @@ def autoscale(key: tuple[str, str], runtime: runtime_mod.Runtime, logger: Any,
         if replicas != current:
             if kube.scale_envpool(key[0], key[1], replicas) is None:
                 return decision  # deleted meanwhile
-            with runtime.lock:
-                cached = runtime.pools.get(key)
-                if cached is not None:  # until the watch brings the new body
-                    cached.setdefault("spec", {})["replicas"] = replicas
+            runtime.scaled(key, replicas)  # until the watch brings the new body
             runtime.metrics.scale_writes.labels(
                 direction="up" if replicas > current else "down").inc()
             logger.info(f"autoscaler: EnvPool {key[0]}/{key[1]} {current} -> {replicas} envs "
@@ -97,14 +92,14 @@ def _why(auto: spec_mod.Autoscaling, leased: int | None) -> str:
 def _report_decision(key: tuple[str, str], body: Mapping[str, Any], decision: ScaleDecision,
                      auto: spec_mod.Autoscaling) -> None:
     """``status.autoscaling``, patched only when the recommendation or the size changed."""
-    previous = bodies.status_of(body).get("autoscaling") or {}
+    previous = status_mod.status_of(body).get("autoscaling") or {}
     held = decision.replicas > decision.recommended
     message = f"{decision.replicas} envs: {_why(auto, decision.leased)}" + (
         f"; {decision.recommended} asked, held for scaleDownDelaySeconds="
         f"{auto.scale_down_delay_seconds}" if held else "")
     st: dict[str, Any] = {"recommendedReplicas": decision.recommended, "message": message}
     if decision.replicas != decision.current:
-        st["lastScaleTime"] = status_mod.rfc3339(bodies.now())
+        st["lastScaleTime"] = status_mod.rfc3339(status_mod.now())
     if any(previous.get(k) != v for k, v in st.items()):
         kube.patch_envpool_status(key[0], key[1], {"autoscaling": st})
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from remote_env import spec as spec_mod
 
@@ -89,4 +90,22 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             env, "ENVPOOL_MAX_WORKERS_PER_POOL", Settings.max_workers_per_pool),
         autoscale_seconds=_seconds(env, "ENVPOOL_AUTOSCALE_SECONDS", Settings.autoscale_seconds),
         image_pull_policy=env.get("ENVPOOL_IMAGE_PULL_POLICY", "").strip() or "IfNotPresent",
+    )
+
+
+def parse_pool(body: Mapping[str, Any], settings: Settings) -> spec_mod.PoolSpec:
+    """An EnvPool body's spec under the operator's limits; raises ``spec_mod.SpecError``.
+
+    The reconcile, the autoscaler pass and the handlers all read EnvPool bodies
+    through this, so a spec the reconcile rejects is one the autoscaler skips::
+
+        >>> body = {"metadata": {"name": "cp", "namespace": "ns"},
+        ...         "spec": {"env": {"id": "CartPole-v1"}, "replicas": 4}}
+        >>> parse_pool(body, Settings()).replicas
+        4
+    """
+    meta = body.get("metadata") or {}
+    return spec_mod.parse_spec(
+        body.get("spec") or {}, name=meta.get("name", ""),
+        namespace=meta.get("namespace", "default"), limits=settings.limits,
     )

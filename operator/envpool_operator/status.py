@@ -1,9 +1,10 @@
 """Pure status logic: RayCluster status + pool-server report -> EnvPool status.
 
-Inputs are plain dicts (the RayCluster as read from the API, the ``status.pool``
-report the pool server writes); the output is the EnvPool status fields to
-merge-patch. Conditions keep their ``lastTransitionTime`` while their status
-does not change::
+Inputs are the RayCluster as read from the API (a plain dict) and the
+``status.pool`` report the pool server writes, read through its typed model
+(:class:`remote_env.spec.pool_report.PoolReport`, shared with the writer); the
+output is the EnvPool status fields to merge-patch. Conditions keep their
+``lastTransitionTime`` while their status does not change::
 
     >>> import datetime
     >>> now = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
@@ -22,6 +23,8 @@ from typing import Any, Final
 
 from envpool_operator import names
 from remote_env import spec as spec_mod
+from remote_env.spec import pool_report as report_mod
+from remote_env.spec.pool_report import PoolReport
 
 PENDING: Final = "Pending"
 PROVISIONING: Final = "Provisioning"
@@ -40,9 +43,6 @@ COND_ROLLOUT_COMPLETE: Final = "RolloutComplete"
 CONDITION_TYPES: Final = (COND_READY, COND_SPEC_VALID, COND_RAY_CLUSTER_READY,
                           COND_POOL_SERVER_READY, COND_ROLLOUT_COMPLETE)
 
-#: A pool report older than this is not trusted (the server reports every few seconds).
-REPORT_STALE_AFTER: Final = datetime.timedelta(seconds=120)
-
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
@@ -52,20 +52,22 @@ class Problem:
     message: str
 
 
+def now() -> datetime.datetime:
+    """The time that status timestamps and pool-report freshness are judged against."""
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
 def rfc3339(now: datetime.datetime) -> str:
-    return now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return report_mod.timestamp(now)
 
 
-def _parse_time(text: Any) -> datetime.datetime | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
-    return parsed
+def status_of(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An EnvPool body's ``status`` (``{}`` before the first one is written).
+
+        >>> status_of({"metadata": {"name": "cp"}})
+        {}
+    """
+    return body.get("status") or {}
 
 
 def _int(value: Any) -> int:
@@ -169,18 +171,13 @@ def estimated_ready_envs(pool: spec_mod.PoolSpec, ray_cluster: Mapping[str, Any]
 
 def fresh_report(
     report: Mapping[str, Any] | None, now: datetime.datetime,
-) -> Mapping[str, Any] | None:
-    """The pool server's report if it is recent enough to trust, else None."""
-    if not report:
-        return None
-    updated = _parse_time(report.get("updatedAt"))
-    if updated is None or now - updated > REPORT_STALE_AFTER:
-        return None
-    return report
+) -> PoolReport | None:
+    """The pool server's report (``status.pool``) if it is recent enough to trust, else None."""
+    return report_mod.fresh(report, now)
 
 
 def pool_server_condition(
-    report: Mapping[str, Any] | None, *, expected_envs: int, now: datetime.datetime,
+    report: PoolReport | None, *, expected_envs: int, now: datetime.datetime,
 ) -> _Cond:
     """PoolServerReady from ``status.pool``; Unknown while the pool server has not reported.
 
@@ -189,49 +186,49 @@ def pool_server_condition(
     pool server's own count of ready envs.
     """
     t = COND_POOL_SERVER_READY
-    if not report:
+    if report is None:
         return _Cond(t, None, "NoReport",
                      "the pool server has not reported yet; readiness comes from the head "
                      "pod (pool-server readiness probe) and the RayCluster")
-    if fresh_report(report, now) is None:
-        when = report.get("updatedAt", "never")
+    if not report.is_fresh(now):
+        when = "never" if report.updated_at is None else report.updated_at
         return _Cond(t, False, "ReportStale",
                      f"the pool server's last report ({when}) is older than "
-                     f"{int(REPORT_STALE_AFTER.total_seconds())}s")
-    ready = _int(report.get("readyEnvs"))
-    desired = _int(report.get("desiredEnvs"))
+                     f"{int(report_mod.STALE_AFTER_S)}s")
+    ready, desired = report.ready_envs, report.desired_envs
     if desired != expected_envs:
         return _Cond(t, False, "Scaling",
                      f"the pool server is sized for {desired} envs, spec asks {expected_envs}")
     if ready >= expected_envs:
         return _Cond(t, True, "AllEnvsReady", f"{ready}/{expected_envs} envs ready")
-    err = report.get("lastError")
+    err = report.last_error
     suffix = f"; last error: {err}" if err else ""
     return _Cond(t, False, "EnvsNotReady", f"{ready}/{expected_envs} envs ready{suffix}")
 
 
 def rollout_condition(
-    report: Mapping[str, Any] | None, pool: spec_mod.PoolSpec | None, *, now: datetime.datetime,
+    report: PoolReport | None, pool: spec_mod.PoolSpec | None, *, now: datetime.datetime,
 ) -> _Cond:
     """RolloutComplete from ``status.pool``: True once the pool server runs the spec's
     revision and no actor of an older one is left (leased ones go when released)."""
     t = COND_ROLLOUT_COMPLETE
-    report = fresh_report(report, now)
+    if report is not None and not report.is_fresh(now):
+        report = None
     if pool is None:
         return _Cond(t, None, "InvalidSpec", "no valid spec to roll out")
     if report is None:
         return _Cond(t, None, "NoReport", "no fresh pool-server report")
-    if "revision" not in report:
+    if report.revision is None:
         return _Cond(t, None, "NoRevision", "the pool server does not report revisions "
                                             "(an older version)")
-    want, runs = pool.revision(), str(report["revision"])
+    want, runs = pool.revision(), report.revision
     if runs != want:
         return _Cond(t, False, "SpecPending",
                      f"the pool server rolls toward revision {runs}; the spec's is {want} "
                      "(it takes a new spec within seconds)")
-    updated, outdated = _int(report.get("updatedEnvs")), _int(report.get("outdatedEnvs"))
+    updated, outdated = report.updated_envs, report.outdated_envs
     if outdated:
-        leased = _int(report.get("outdatedLeasedEnvs"))
+        leased = report.outdated_leased_envs
         return _Cond(t, False, "RollingOut",
                      f"{updated}/{updated + outdated} envs at revision {want}; {outdated} "
                      f"outdated, {leased} of them leased (rebuilt when their lease ends)")
@@ -302,7 +299,8 @@ def compute_status(
         problem=problem,
     )
     expected_envs = 0 if pool is None or pool.suspend else pool.replicas
-    pool_cond = pool_server_condition(pool_report, expected_envs=expected_envs, now=now)
+    written = PoolReport.read(pool_report)
+    pool_cond = pool_server_condition(written, expected_envs=expected_envs, now=now)
     prev_phase = previous.get("phase")
 
     if pool is None:
@@ -336,23 +334,22 @@ def compute_status(
 
     conditions = _merge_conditions(
         [ready_cond, spec_cond, rc_cond, pool_cond,
-         rollout_condition(pool_report, pool, now=now)],
+         rollout_condition(written, pool, now=now)],
         previous.get("conditions"),
         now=stamp,
         generation=generation,
     )
-    report = fresh_report(pool_report, now)
+    report = written if written is not None and written.is_fresh(now) else None
     # Lease counts only from a fresh report: a stale one would show (and size the
     # pool for) leases that may be long gone. None removes them (merge patch).
     leased_envs = free_envs = None
     rollout: dict[str, Any] = {"revision": None, "updatedEnvs": None, "outdatedEnvs": None}
-    if report is not None and "revision" in report:
-        rollout = {"revision": report["revision"], "updatedEnvs": _int(report.get("updatedEnvs")),
-                   "outdatedEnvs": _int(report.get("outdatedEnvs"))}
+    if report is not None and report.revision is not None:
+        rollout = {"revision": report.revision, "updatedEnvs": report.updated_envs,
+                   "outdatedEnvs": report.outdated_envs}
     if report is not None:
-        ready_envs, sized_for = _int(report.get("readyEnvs")), _int(report.get("desiredEnvs"))
-        if "leasedEnvs" in report:
-            leased_envs, free_envs = _int(report.get("leasedEnvs")), _int(report.get("freeEnvs"))
+        ready_envs, sized_for = report.ready_envs, report.desired_envs
+        leased_envs, free_envs = report.leased_envs, report.free_envs
     elif pool is not None and ray_cluster is not None:
         ready_envs = estimated_ready_envs(pool, ray_cluster)
         sized_for = 0 if pool.suspend else pool.replicas

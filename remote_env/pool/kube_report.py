@@ -15,6 +15,7 @@ from typing import Any
 
 from remote_env import kubeconfig
 from remote_env import spec as spec_mod
+from remote_env.spec import pool_report as report_mod
 
 log = logging.getLogger(__name__)
 
@@ -22,13 +23,16 @@ log = logging.getLogger(__name__)
 class KubeStatusReporter:
     """Patches ``status.pool`` of one EnvPool; nothing else (its Role allows no more).
 
-    Called every tick; patches when the report changes (at most every
-    ``min_interval_s``) and at least every ``interval_s`` so the operator sees a
-    fresh ``updatedAt`` (it distrusts reports older than 120 s). The API call runs on
-    a worker thread so a slow API server never stalls supervision.
+    Called every tick with :meth:`PoolReport.to_document
+    <remote_env.spec.pool_report.PoolReport.to_document>`; patches when the report
+    changes (at most every ``min_interval_s``) and at least every ``interval_s`` so
+    the operator sees a fresh ``updatedAt`` (it distrusts reports older than
+    :data:`~remote_env.spec.pool_report.STALE_AFTER_S`). The API call runs on a
+    worker thread so a slow API server never stalls supervision.
     """
 
-    def __init__(self, namespace: str, name: str, *, interval_s: float = 30.0,
+    def __init__(self, namespace: str, name: str, *,
+                 interval_s: float = report_mod.REPORT_INTERVAL_S,
                  min_interval_s: float = 1.0, api: Any = None) -> None:
         self.namespace = namespace
         self.name = name

@@ -1,12 +1,15 @@
 """Creating a pool's env actors: Ray options, placement, names, ``start()``.
 
-:class:`Launcher` is the part of :class:`~remote_env.pool.actors.ActorSet` that
-asks Ray for an actor: detached, named ``host-<slot>-g<generation>`` in the pool's
-namespace, placed by the env resource where workers advertise it.
+:class:`ActorLauncher` asks Ray for one actor: detached, named
+``host-<slot>-g<generation>`` in the pool's namespace, placed by the env resource
+where workers advertise it, and sends it ``start()``. It answers what it created
+(:class:`Launched`) or why not (:class:`LaunchFailed`); the slot record is the
+supervisor's (:class:`~remote_env.pool.supervisor.ActorSupervisor`) to update.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -14,40 +17,62 @@ from typing import Any, Final
 
 from remote_env import entrypoints
 from remote_env import spec as spec_mod
-from remote_env.metrics import PoolMetrics
-from remote_env.pool.slot import Slot, first_line, kill
+from remote_env.pool.slot import first_line, host_name
 
 log = logging.getLogger("remote_env.pool.server")
 
 #: Ray's marker resource of the head node.
 HEAD_RESOURCE: Final = "node:__internal_head__"
+#: How long a look at the cluster's resources (a GCS call) is trusted.
+ENV_RESOURCE_RECHECK_S: Final = 5.0
 
 
-class Launcher:
-    """Mixin of :class:`~remote_env.pool.actors.ActorSet`: launching slots' actors."""
+@dataclasses.dataclass(frozen=True)
+class Launched:
+    """A created actor, its ``start()`` sent."""
 
-    spec: spec_mod.PoolSpec
-    ray_namespace: str
-    metrics: PoolMetrics
-    dirty: bool
-    last_error: str
-    _actor_options: dict[str, Any]
-    _env_resource_required: bool | None
-    _env_resource: tuple[float, bool]
-
-    def relaunch(self, s: Slot, *, after_failure: bool) -> None:
-        kill(s.handle)
-        s.ping_ref = s.start_ref = None
-        s.silent_since = None
-        s.after_failure = after_failure
-        self._launch(s)
+    generation: int
+    handle: Any
+    actor_id: str  # hex
+    start_ref: Any
 
 
-    def _launch(self, s: Slot) -> None:
-        """Create ``s``'s next-generation actor and send it ``start()``."""
-        from remote_env.driver.vector import RemoteVectorEnv
+class LaunchFailed(Exception):
+    """Ray would not create the actor; ``generation`` is the last one tried."""
 
-        spec = self.spec
+    def __init__(self, message: str, generation: int) -> None:
+        super().__init__(message)
+        self.generation = generation
+
+
+class ActorLauncher:
+    """Creates env actors in Ray namespace ``ray_namespace``.
+
+    Owns how actors are placed: ``env_resource`` True places them by the env
+    resource always (the operator's clusters, whose workers advertise it); None
+    detects it, cached for :data:`ENV_RESOURCE_RECHECK_S` (a pool server that
+    started before any worker joined then placed actors by CPU, and two landed on
+    one worker pod).
+    """
+
+    def __init__(self, *, ray_namespace: str, actor_options: Mapping[str, Any],
+                 env_resource: bool | None = None) -> None:
+        self.ray_namespace = ray_namespace
+        self._actor_options = dict(actor_options)
+        self._env_resource_required = env_resource
+        self._env_resource_seen: tuple[float, bool] = (-ENV_RESOURCE_RECHECK_S, False)
+        self._actor_cls: Any = None
+
+    def launch(self, spec: spec_mod.PoolSpec, *, slot: int, num_envs: int, generation: int,
+               after_failure: bool, restarts: int) -> Launched:
+        """Create slot ``slot``'s next actor (after ``generation``) and send it ``start()``.
+
+        ``after_failure``: its envs replace failed ones, and must be reset before
+        stepping (NEXT_STEP does it on their next step), counting ``restarts``.
+
+        Raises:
+            LaunchFailed: Ray refused the actor (no retry will do better).
+        """
         ft = spec.fault_tolerance
         options: dict[str, Any] = {
             "namespace": self.ray_namespace,
@@ -57,11 +82,11 @@ class Launcher:
         }
         if spec.ray.runtime_env:
             options["runtime_env"] = dict(spec.ray.runtime_env)
-        if self._has_env_resource():
+        if self.has_env_resource():
             # The env units are the placement; num_cpus=0 because Ray holds 1 CPU per
             # actor for its lifetime once any resource is named, which would cap a
             # worker pod at one actor per CPU instead of envsPerWorker envs.
-            options["resources"] = {spec_mod.ENV_RESOURCE: s.num_envs}
+            options["resources"] = {spec_mod.ENV_RESOURCE: num_envs}
             options["num_cpus"] = 0
         options.update(self._actor_options)
         kwargs: dict[str, Any] = {
@@ -72,60 +97,53 @@ class Launcher:
             "restart_backoff_s": ft.restart_backoff_seconds,
             "multi_agent_hint": True if spec.env.multi_agent else None,
         }
-        if s.after_failure:
+        if after_failure:
             # Fresh envs must be reset before stepping; NEXT_STEP does it on the next step.
-            kwargs["restart_seeds"] = [None] * s.num_envs
-            kwargs["restarts"] = [s.restarts] * s.num_envs
-        host_cls = RemoteVectorEnv.host_class()
+            kwargs["restart_seeds"] = [None] * num_envs
+            kwargs["restarts"] = [restarts] * num_envs
+        host_cls = self.actor_class()
         factory = entrypoints.EnvFactory.from_spec(spec.env)
         bad_env = runtime_env_error(spec.ray.runtime_env)
         if bad_env is not None:
-            self._launch_failed(s, f"spec.ray.runtimeEnv: {bad_env}")
-            return
+            raise LaunchFailed(f"spec.ray.runtimeEnv: {bad_env}", generation)
         for _ in range(3):
-            s.generation += 1
+            generation += 1
+            name = host_name(slot, generation)
             try:
-                s.handle = host_cls.options(name=s.name, **options).remote(
-                    [factory] * s.num_envs, **kwargs)
+                handle = host_cls.options(name=name, **options).remote(
+                    [factory] * num_envs, **kwargs)
                 break
             except ValueError as exc:
                 if "already taken" not in str(exc):
-                    self._launch_failed(s, first_line(exc))
-                    return
+                    raise LaunchFailed(first_line(exc), generation) from exc
                 log.warning("pool %s: %s", spec.name, exc)  # a stale actor: skip a generation
             except Exception as exc:  # Ray refused the actor: no retry will do better
-                self._launch_failed(s, first_line(exc))
-                return
+                raise LaunchFailed(first_line(exc), generation) from exc
         else:
-            raise RuntimeError(f"pool {spec.name}: cannot name a new actor for slot {s.slot}")
-        s.actor_id = s.handle._actor_id.hex()
-        s.revision = spec.revision()
-        s.start_ref = s.handle.start.remote()
-        s.start_seen = None
-        s.state = "starting"
-        s.node_id = ""
-        self.dirty = True
+            raise RuntimeError(f"pool {spec.name}: cannot name a new actor for slot {slot}")
+        return Launched(generation, handle, handle._actor_id.hex(), handle.start.remote())
 
+    def actor_class(self) -> Any:
+        """``ray.remote(SubEnvHost)``, made once. From the actor side itself: the pool
+        server loads no trainer code to create actors."""
+        if self._actor_cls is None:
+            import ray
 
-    def _launch_failed(self, s: Slot, message: str) -> None:
-        """Ray would not create ``s``'s actor: the slot is failed, with the reason."""
-        s.handle = s.ping_ref = s.start_ref = None
-        s.state = "failed"
-        s.last_error = f"{s.name}: launch failed: {message}"
-        self.last_error = s.last_error
-        self.metrics.failures["exception"].inc(s.num_envs)
-        self.dirty = True
-        log.error("pool %s: %s", self.spec.name, s.last_error)
+            from remote_env.actor.host import SubEnvHost
 
-    def _has_env_resource(self) -> bool:
-        import ray
+            self._actor_cls = ray.remote(SubEnvHost)
+        return self._actor_cls
 
+    def has_env_resource(self) -> bool:
+        """Place actors by the env resource (see the class)."""
         if self._env_resource_required is not None:
             return self._env_resource_required
-        checked, has = self._env_resource
-        if time.monotonic() - checked > 5.0:
+        import ray
+
+        checked, has = self._env_resource_seen
+        if time.monotonic() - checked > ENV_RESOURCE_RECHECK_S:
             has = spec_mod.ENV_RESOURCE in ray.cluster_resources()  # type: ignore[no-untyped-call]
-            self._env_resource = (time.monotonic(), has)
+            self._env_resource_seen = (time.monotonic(), has)
         return has
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
-from remote_env.pool.slot import Slot
+from remote_env.pool.slot import ActorSlot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,12 +40,12 @@ class Plan:
 
     @property
     def slots(self) -> list[int]:
-        """The free slots of the plan (the registry is asked to withdraw them)."""
+        """The free slots of the plan (the lease actor is asked to withdraw them)."""
         return [*self.rebuild, *self.remove]
 
 
 @dataclasses.dataclass(frozen=True)
-class Progress:
+class RolloutProgress:
     """Where a rollout stands (what ``/status`` and ``status.pool`` show)."""
 
     revision: str
@@ -59,10 +59,10 @@ class Progress:
         return self.outdated_envs == 0
 
 
-def progress(slots: Sequence[Slot], revision: str, leased: Mapping[int, str]) -> Progress:
+def progress(slots: Sequence[ActorSlot], revision: str, leased: Mapping[int, str]) -> RolloutProgress:
     """Envs in actors of ``revision`` and of older ones."""
     old = [s for s in slots if s.revision != revision]
-    return Progress(
+    return RolloutProgress(
         revision=revision,
         updated_envs=sum(s.num_envs for s in slots if s.revision == revision),
         outdated_envs=sum(s.num_envs for s in old),
@@ -70,7 +70,7 @@ def progress(slots: Sequence[Slot], revision: str, leased: Mapping[int, str]) ->
     )
 
 
-def plan(slots: Sequence[Slot], *, revision: str, envs_per_actor: int, desired_envs: int,
+def plan(slots: Sequence[ActorSlot], *, revision: str, envs_per_actor: int, desired_envs: int,
          max_unavailable: int, leased: Mapping[int, str], overdue: Collection[int] = ()
          ) -> Plan:
     """The outdated actors to take down now (see the module's rules).

@@ -5,9 +5,9 @@ in-process for ``envpool run``) and:
 
 * creates ``SubEnvHost`` actors, named ``host-<slot>-g<generation>`` and detached,
   in the pool's Ray namespace, so they outlive trainers and the pool server;
-* re-adopts the pool when it restarts: the registry actor's layout (every slot,
+* re-adopts the pool when it restarts: the lease actor's layout (every slot,
   with its restarts and streak, including those in restart backoff) and the named
-  actors together; the leases stay in the registry (:mod:`remote_env.pool.registry`);
+  actors together; the leases stay in the lease actor (:mod:`remote_env.pool.lease_actor`);
 * pings every actor; a dead one (process killed, node lost) or one that does not
   answer within ``faultTolerance.stepTimeoutSeconds`` (or does not finish ``start()``,
   its envs' constructors, within ``startTimeoutSeconds``) is killed and replaced, with
@@ -19,8 +19,8 @@ in-process for ``envpool run``) and:
 * scales to ``spec.replicas`` without touching surviving actors: new actors are
   added, and scaling down removes free (un-leased) actors only, newest first (a
   free actor is cut to a smaller one only when no whole actor fits the excess);
-  the registry is asked at the moment of removal
-  (:meth:`~remote_env.pool.registry.PoolRegistry.withdraw`), so an actor leased
+  the lease actor is asked at the moment of removal
+  (:meth:`~remote_env.pool.lease_actor.LeaseActor.withdraw`), so an actor leased
   since the last pass stays; leased envs above the new size go when their lease ends;
 * serves ``/metrics``, ``/healthz`` and ``/status`` (JSON) over HTTP and, in-cluster,
   patches its EnvPool's ``status.pool`` (:mod:`remote_env.pool.kube_report`).
@@ -50,9 +50,8 @@ from prometheus_client import CollectorRegistry
 
 from remote_env import spec as spec_mod
 from remote_env.metrics import PoolMetrics
-from remote_env.pool import actors, http_server, launch, registry_store, slot
-from remote_env.pool import registry as registry_mod
-from remote_env.pool import status as status_mod
+from remote_env.pool import http_server, launch, lease_actor, lease_store, slot, supervisor
+from remote_env.pool import snapshot as snapshot_mod
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +93,6 @@ class PoolServer:
     ) -> None:
         if health_interval_s <= 0:
             raise ValueError(f"health_interval_s must be > 0, got {health_interval_s}")
-        self.spec = spec
         self.ray_namespace = ray_namespace or spec.ray_namespace
         self.health_interval_s = health_interval_s
         self.metrics = PoolMetrics(registry, spec.name, metrics_namespace)
@@ -104,11 +102,13 @@ class PoolServer:
         self._http_host = http_host
         self._http_port = spec.metrics_port if http_port is None else http_port
         self._reporter = status_reporter
-        self.actors = actors.ActorSet(spec, ray_namespace=self.ray_namespace,
-                                      metrics=self.metrics, health_interval_s=health_interval_s,
-                                      actor_options=actor_options or {},
-                                      env_resource=env_resource)
-        self._registry_actor: Any = None
+        self.supervisor = supervisor.ActorSupervisor(
+            spec, ray_namespace=self.ray_namespace, metrics=self.metrics,
+            health_interval_s=health_interval_s,
+            launcher=launch.ActorLauncher(ray_namespace=self.ray_namespace,
+                                          actor_options=actor_options or {},
+                                          env_resource=env_resource))
+        self._lease_actor: Any = None
         self._pending_spec: spec_mod.PoolSpec | None = None
         # specs handed to apply_spec / applied by a tick: wait_ready waits for the latest
         self._spec_asked = self._spec_applied = 0
@@ -121,7 +121,10 @@ class PoolServer:
         #: worker pods' names), refreshed every NODES_REFRESH_S.
         self._hosts: dict[str, str] = {}
         self._hosts_at = -NODES_REFRESH_S
-        self._requests: list[tuple[int, str, str]] = []
+        self._requests: list[lease_actor.Replacement] = []
+        #: The supervisor's layout version last published (None: publish on the next
+        #: tick) and the lease actor's layout generation that publication made.
+        self._published_version: int | None = None
         self._published_generation: int | None = None
         self._last_tick: float | None = None
         self._http: http.server.ThreadingHTTPServer | None = None
@@ -134,6 +137,11 @@ class PoolServer:
 
     # ------------------------------------------------------------- lifecycle
     @property
+    def spec(self) -> spec_mod.PoolSpec:
+        """The spec the pool runs (the supervisor's; a new one arrives by :meth:`apply_spec`)."""
+        return self.supervisor.spec
+
+    @property
     def http_port(self) -> int | None:
         """The HTTP server's port (after :meth:`start`), None when not serving."""
         return None if self._http is None else int(self._http.server_address[1])
@@ -143,29 +151,29 @@ class PoolServer:
         return f"http://{self._http_host}:{self.http_port}"
 
     def start(self) -> None:
-        """Connect to the registry, adopt existing actors, start HTTP. Idempotent."""
+        """Connect to the lease actor, adopt existing actors, start HTTP. Idempotent."""
         import ray
 
         if self._started:
             return
         if not ray.is_initialized():
             raise RuntimeError("PoolServer needs a connected Ray: call ray.init(address=...) first")
-        self._registry_actor = registry_mod.remote_class().options(
-            name=registry_mod.REGISTRY_NAME,
+        self._lease_actor = lease_actor.remote_class().options(
+            name=lease_actor.LEASE_ACTOR_NAME,
             namespace=self.ray_namespace,
             lifetime="detached",
             get_if_exists=True,
-            max_concurrency=registry_mod.REGISTRY_CONCURRENCY,
+            max_concurrency=lease_actor.LEASE_ACTOR_CONCURRENCY,
             # On the head, which the pool cannot outlive anyway, and without CPUs:
             # it is bookkeeping only.
             num_cpus=0,
             resources={launch.HEAD_RESOURCE: 0.001},
-            # a crashed registry comes back with its leases and layout (the store)
+            # a crashed lease actor comes back with its leases and layout (the store)
             max_restarts=-1,
         ).remote(self.spec.name, ray_namespace=self.ray_namespace,
-                 store=registry_store.RayKVStore(self.ray_namespace))
-        layout = ray.get(self._registry_actor.layout.remote())
-        self.actors.adopt(layout, time.monotonic())
+                 store=lease_store.RayKVStore(self.ray_namespace))
+        layout = lease_actor.PoolLayout.read(ray.get(self._lease_actor.layout.remote()))
+        self.supervisor.adopt(layout.slots, layout.pool_info, time.monotonic())
         if self._http_port >= 0:
             self._http = http_server.serve_http(self, self._http_host, self._http_port)
             log.info("pool %s: serving %s/status, /metrics and /healthz", self.spec.name, self.url)
@@ -188,7 +196,7 @@ class PoolServer:
                 self.tick()
             except Exception as exc:
                 # The loop must outlive a bad tick (a Ray hiccup): say so and go on.
-                self.actors.last_error = f"supervision tick failed: {type(exc).__name__}: {exc}"
+                self.supervisor.tick_failed(f"supervision tick failed: {type(exc).__name__}: {exc}")
                 log.exception("pool %s: supervision tick failed", self.spec.name)
                 self._stop.wait(self.health_interval_s)
             if on_tick is not None:
@@ -215,10 +223,10 @@ class PoolServer:
         self.metrics.remove()
         http_server.pool_gauges(self.registry, len(self._labels)).remove(self._labels)
         if destroy and ray.is_initialized():
-            self.actors.kill_all()
-            if self._registry_actor is not None:
-                slot.kill(self._registry_actor)
-                registry_store.RayKVStore(self.ray_namespace).clear()  # the pool is gone
+            self.supervisor.kill_all()
+            if self._lease_actor is not None:
+                slot.kill(self._lease_actor)
+                lease_store.RayKVStore(self.ray_namespace).clear()  # the pool is gone
 
     def __enter__(self) -> PoolServer:
         self.start_background()
@@ -280,56 +288,62 @@ class PoolServer:
             # A (re)started server learns the leases before it first supervises or
             # publishes: with none known, every adopted actor looked free, to scale-down
             # and in /status (seen: readyEnvs 16, leasedEnvs 0 after a restart).
-            self._take_sync(self._registry_call("server_sync", None, None, 0.0))
+            self._take_sync(self._server_sync(None, None, 0.0))
         now = time.monotonic()
         self._apply_pending_spec()
         requests, self._requests = self._requests, []
         for slot_id, actor_id, reason in requests:
-            self.actors.reported(slot_id, actor_id, reason, now)
-        self.actors.supervise(now, self._leased, self._withdraw)
+            self.supervisor.reported(slot_id, actor_id, reason, now)
+        self.supervisor.supervise(now, self._leased, self._withdraw)
         self._refresh_hosts(now)
         self._update_snapshot(now)
-        dirty = self.actors.dirty
-        layout = self.actors.layout() if dirty else None
-        pool_info = self._pool_info() if dirty else None
-        sync = self._registry_call("server_sync", layout, pool_info, self.health_interval_s)
-        if layout is not None:
-            self.actors.dirty = False
-            self._published_generation = sync["generation"]
-        elif sync["generation"] != self._published_generation:
-            self.actors.dirty = True  # the registry restarted and lost the layout: republish
+        version = self.supervisor.layout_version
+        publish = version != self._published_version
+        layout = self.supervisor.layout() if publish else None
+        pool_info = self._pool_info() if publish else None
+        sync = self._server_sync(layout, pool_info, self.health_interval_s)
+        if publish:
+            self._published_version = version
+            self._published_generation = sync.generation
+        elif sync.generation != self._published_generation:
+            self._published_version = None  # the lease actor restarted and lost the layout
         self._take_sync(sync)
         self._last_tick = time.monotonic()
         self._update_snapshot(self._last_tick)
         if self._reporter is not None:
             self._reporter(self.pool_report())
 
-    def _take_sync(self, sync: dict[str, Any]) -> None:
-        """What the registry answered: trainers' replacement requests (queued for the
+    def _take_sync(self, sync: lease_actor.ServerSync) -> None:
+        """What the lease actor answered: trainers' replacement requests (queued for the
         next pass) and the leases."""
-        self._requests = [*self._requests, *sync["requests"]]
-        self._leased = dict(sync["leased_slots"])
-        self._leases = list(sync["leases"])
+        self._requests = [*self._requests, *sync.requests]
+        self._leased = dict(sync.leased_slots)
+        self._leases = list(sync.leases)
+
+    def _server_sync(self, layout: list[slot.SlotInfo] | None, pool_info: dict[str, Any] | None,
+                     timeout: float) -> lease_actor.ServerSync:
+        return lease_actor.ServerSync.read(
+            self._lease_actor_call("server_sync", layout, pool_info, timeout))
 
     def _withdraw(self, slots: list[int]) -> list[int]:
-        """The registry's word, at the moment of removal, on which slots are free."""
-        return list(self._registry_call("withdraw", slots))
+        """The lease actor's word, at the moment of removal, on which slots are free."""
+        return list(self._lease_actor_call("withdraw", slots))
 
-    def _registry_call(self, method: str, *args: Any) -> Any:
-        """A registry call (each one idempotent), asked again once when Ray says the
-        registry restarted since our last call: Ray fails the first call after a
-        restart even once the registry is back (with its layout and leases), and a
-        failed tick would show that transient as the pool's lastError."""
+    def _lease_actor_call(self, method: str, *args: Any) -> Any:
+        """A lease actor call (each one idempotent), asked again once when Ray says the
+        actor restarted since our last call: Ray fails the first call after a restart
+        even once the actor is back (with its layout and leases), and a failed tick
+        would show that transient as the pool's lastError."""
         import ray
 
         try:
-            return ray.get(getattr(self._registry_actor, method).remote(*args))
+            return ray.get(getattr(self._lease_actor, method).remote(*args))
         except ray.exceptions.ActorUnavailableError:
-            return ray.get(getattr(self._registry_actor, method).remote(*args))
+            return ray.get(getattr(self._lease_actor, method).remote(*args))
 
     def pool_report(self) -> dict[str, Any]:
-        """``status.pool`` of the EnvPool (see :func:`remote_env.pool.status.pool_report`)."""
-        return status_mod.pool_report(self.status())
+        """``status.pool`` of the EnvPool (see :func:`remote_env.pool.snapshot.pool_report`)."""
+        return snapshot_mod.pool_report(self.status())
 
     def _refresh_hosts(self, now: float) -> None:
         import ray
@@ -347,13 +361,13 @@ class PoolServer:
             self._spec_applied = self._spec_asked
         if spec is None or spec == self.spec:
             return
-        old, self.spec = self.spec, spec
+        old = self.spec
         log.info("pool %s: spec changed: replicas %d -> %d, envsPerActor %d -> %d",
                  spec.name, old.replicas, spec.replicas, old.envs_per_actor, spec.envs_per_actor)
         if old.metrics_port != spec.metrics_port:
             log.warning("pool %s: metrics.port changed to %d: takes effect when the pool server "
                         "restarts", spec.name, spec.metrics_port)
-        self.actors.respec(spec, time.monotonic())
+        self.supervisor.respec(spec, time.monotonic())
 
     # ---------------------------------------------------------------- status
     def _pool_info(self) -> dict[str, Any]:
@@ -363,11 +377,11 @@ class PoolServer:
                 "document": self.spec.to_document()}
 
     def _update_snapshot(self, now: float) -> None:
-        snap = status_mod.snapshot(
+        snap = snapshot_mod.snapshot(
             self.spec, ray_namespace=self.ray_namespace,
-            slots=sorted(self.actors.slots.values(), key=lambda s: s.slot),
+            slots=self.supervisor.slots(),
             leased=self._leased, leases=self._leases, hosts=self._hosts,
-            last_error=self.actors.last_error, healthy=self.healthy(),
+            last_error=self.supervisor.last_error, healthy=self.healthy(),
             spec_version=self._spec_applied)
         with self._snapshot_lock:
             self._snapshot = snap

@@ -52,8 +52,9 @@ def node_id(_host: Any) -> str:
 
 
 @dataclasses.dataclass
-class Slot:
-    """One env actor position of the pool and its supervision state."""
+class ActorSlot:
+    """One env actor position of the pool and its supervision state: a record that
+    only :class:`~remote_env.pool.supervisor.ActorSupervisor` writes."""
 
     slot: int
     num_envs: int
@@ -75,7 +76,7 @@ class Slot:
     last_error: str = ""
     node_id: str = ""
     after_failure: bool = False
-    # False for an adopted actor the registry had no record of, until start() tells
+    # False for an adopted actor the lease actor had no record of, until start() tells
     size_known: bool = True
     # the spec revision its actor was built from: another one is rolled (rollout.plan)
     revision: str = ""

@@ -36,7 +36,7 @@ from test_pool_server_report import _token_kubeconfig
 
 from envpool_operator import names
 from remote_env import spec
-from remote_env.pool import registry as pool_registry
+from remote_env.pool import lease_actor
 from remote_env.pool.attach import attach
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -249,7 +249,7 @@ def test_three_trainers_find_free_envs_and_scale_down_spares_leases(
     fourth, _ = _lease(name, 4, "trainer-3")
     kube.wait_until(lambda: server.status()["leasedEnvs"] == 16, timeout=10, what="16 leased")
     _stays(kube, namespace, name, 16, seconds=3)  # several autoscaler passes later
-    with pytest.raises(pool_registry.LeaseError, match="cannot lease num_envs=2"):
+    with pytest.raises(lease_actor.LeaseError, match="cannot lease num_envs=2"):
         _lease(name, 2, "trainer-4")
     built = constructions(str(counter))
 
@@ -322,7 +322,7 @@ def test_a_fixed_size_pool_makes_the_next_trainer_wait_for_new_envs(
     for i in range(3):
         if i:
             # no free envs: the trainer would fail at once; scale by hand and wait
-            with pytest.raises(pool_registry.LeaseError):
+            with pytest.raises(lease_actor.LeaseError):
                 _lease(name, 4, f"trainer-{i}")
             t0 = time.perf_counter()
             kube.kubectl("scale", "envpool", name, "-n", namespace, f"--replicas={4 * (i + 1)}")

@@ -32,7 +32,7 @@ from ray.cluster_utils import Cluster
 from ray_checks import wait_for
 
 from remote_env import spec
-from remote_env.pool import registry as pool_registry
+from remote_env.pool import lease_actor
 from remote_env.pool.attach import PoolNotFoundError, attach
 from remote_env.pool.server import PoolServer
 from remote_env.spec import ENV_RESOURCE
@@ -189,7 +189,7 @@ def test_leases_are_disjoint_expire_with_their_trainer_and_show_over_http(
         b = attach("lease", num_envs=4, trainer="b")
         assert set(_actor_ids(a)).isdisjoint(_actor_ids(b))
         assert sorted(a.slots + b.slots) == [0, 1, 2]
-        with pytest.raises(pool_registry.LeaseError, match=r"0 free \(6 leased\)"):
+        with pytest.raises(lease_actor.LeaseError, match=r"0 free \(6 leased\)"):
             attach("lease", num_envs=2)
         with pytest.raises(PoolNotFoundError, match="no pool 'nope'"):
             attach("nope")
@@ -245,7 +245,7 @@ def test_leases_are_disjoint_expire_with_their_trainer_and_show_over_http(
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
         killed_at = time.monotonic()
-        with pytest.raises(pool_registry.LeaseError, match="cannot lease num_envs=2"):
+        with pytest.raises(lease_actor.LeaseError, match="cannot lease num_envs=2"):
             attach("lease", num_envs=2)  # still held: the ttl has not passed
         c = attach("lease", num_envs=2, wait_s=20, trainer="c")
         waited = time.monotonic() - killed_at
@@ -709,9 +709,9 @@ def test_a_trainer_paused_past_its_lease_gets_lease_lost_on_its_next_call(
     try:
         server.wait_ready(60)
         proc = _trainer_a(cluster, "paused", ttl=1.5, deaf=False)
-        reg = pool_registry.get_registry(spec.ray_namespace("paused"))
+        reg = lease_actor.get_lease_actor(spec.ray_namespace("paused"))
         proc.send_signal(signal.SIGSTOP)
-        wait_for(lambda: ray.get(reg.layout.remote())["leases"] == [], 30, "A's lease expired")
+        wait_for(lambda: ray.get(reg.layout.remote()).leases == [], 30, "A's lease expired")
         b = attach("paused", num_envs=2, trainer="B")
         granted = time.monotonic()
         _, info = b.reset()
@@ -888,7 +888,7 @@ def test_pool_server_killed_during_a_slots_restart_backoff_keeps_the_slot(
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         if registry_too:
-            reg = pool_registry.get_registry(spec.ray_namespace(name))
+            reg = lease_actor.get_lease_actor(spec.ray_namespace(name))
             pid = ray.get(reg.__ray_call__.remote(lambda self: os.getpid()))
             ray.kill(reg, no_restart=False)
 
@@ -942,7 +942,7 @@ def test_a_restarted_registry_keeps_a_live_trainers_envs_from_another(
         a = attach(name, num_envs=2, trainer="A")  # heartbeats every 20 s
         a.reset(seed=0)
         a.step(np.zeros(2, dtype=np.int64))
-        reg = pool_registry.get_registry(spec.ray_namespace(name))
+        reg = lease_actor.get_lease_actor(spec.ray_namespace(name))
 
         def registry_pid_and_slots() -> tuple[int, int]:
             return ray.get(reg.__ray_call__.remote(
@@ -963,7 +963,7 @@ def test_a_restarted_registry_keeps_a_live_trainers_envs_from_another(
             wait_for(republished, 30, "registry back with the layout")
             b = attach(name, num_envs=2, trainer="B")
         assert set(b.slots).isdisjoint(a.slots), (a.slots, b.slots)
-        with pytest.raises(pool_registry.LeaseError, match=r"0 free \(4 leased\)"):
+        with pytest.raises(lease_actor.LeaseError, match=r"0 free \(4 leased\)"):
             attach(name, num_envs=2)
         b.reset(seed=1)
         for _ in range(3):
@@ -971,7 +971,7 @@ def test_a_restarted_registry_keeps_a_live_trainers_envs_from_another(
             b.step(np.zeros(2, dtype=np.int64))
         assert not a.lease_lost and not b.lease_lost
         layout = ray.get(reg.layout.remote())
-        assert sorted(lease["trainer"] for lease in layout["leases"]) == ["A", "B"]
+        assert sorted(lease["trainer"] for lease in layout.leases) == ["A", "B"]
         # the pool server rode the restart out: no failed tick to show as lastError
         assert server.status()["lastError"] == "", server.status()["lastError"]
         a.close()

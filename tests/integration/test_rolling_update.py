@@ -24,7 +24,7 @@ from pool_envs import constructions
 from ray_checks import wait_for
 
 from remote_env import spec
-from remote_env.pool import status as status_mod
+from remote_env.pool import snapshot as snapshot_mod
 from remote_env.pool.attach import attach
 from remote_env.pool.server import PoolServer
 
@@ -177,7 +177,7 @@ def test_env_change_rolls_free_actors_first_and_leased_ones_after_release(
             assert constructions(str(new_counter)) == 4
             assert _metric(server, "envpool_pool_outdated_envs") == 4
             report = server.pool_report()  # what status.pool gets
-            assert set(status_mod.POOL_REPORT_KEYS) <= set(report)
+            assert set(snapshot_mod.POOL_REPORT_KEYS) <= set(report)
             assert (report["revision"], report["updatedEnvs"], report["outdatedEnvs"]) == (
                 new_spec.revision(), 4, 4)
 

@@ -10,6 +10,7 @@ import yaml
 
 from envpool_operator import access, builders, names, pod_templates, settings
 from remote_env import spec
+from remote_env.spec.pool_report import PoolReport
 
 SETTINGS = settings.Settings(image="registry.example/envpool:1.0")
 
@@ -350,24 +351,24 @@ def test_worker_plan_grows_and_shrinks_plainly_without_a_report() -> None:
     assert builders.worker_plan(pool, current=None, report=None) == (2, [])
     assert builders.worker_plan(pool, current=5, report=None) == (2, [])
     # Ray outside Kubernetes: host names that are no pods of this group say nothing
-    assert builders.worker_plan(pool, current=5, report={
-        "leasedWorkers": ["laptop"], "freeWorkers": ["other-envs-worker-x"]}) == (2, [])
+    assert builders.worker_plan(pool, current=5, report=PoolReport.read({
+        "leasedWorkers": ["laptop"], "freeWorkers": ["other-envs-worker-x"]})) == (2, [])
 
 
 def test_worker_plan_never_removes_a_pod_with_a_leased_env() -> None:
     pool = _plan_pool(64)  # 1 worker wanted
-    report = {"leasedWorkers": _pods("a", "b"), "freeWorkers": _pods("c", "d")}
+    report = PoolReport.read({"leasedWorkers": _pods("a", "b"), "freeWorkers": _pods("c", "d")})
     replicas, remove = builders.worker_plan(pool, current=4, report=report)
     assert (replicas, remove) == (2, _pods("c", "d"))  # a and b stay for their leases
     # only one free pod named (the rest unknown): only that one goes
-    replicas, remove = builders.worker_plan(pool, current=4, report={
-        "leasedWorkers": _pods("a"), "freeWorkers": _pods("c")})
+    replicas, remove = builders.worker_plan(pool, current=4, report=PoolReport.read({
+        "leasedWorkers": _pods("a"), "freeWorkers": _pods("c")}))
     assert (replicas, remove) == (3, _pods("c"))
 
 
 def test_worker_plan_removes_the_emptiest_first_and_no_more_than_needed() -> None:
     pool = _plan_pool(128)  # 2 workers wanted
-    report = {"leasedWorkers": [], "freeWorkers": _pods("empty", "one-actor", "full")}
+    report = PoolReport.read({"leasedWorkers": [], "freeWorkers": _pods("empty", "one-actor", "full")})
     assert builders.worker_plan(pool, current=3, report=report) == (2, _pods("empty"))
 
 

@@ -13,7 +13,7 @@ import kopf
 import prometheus_client
 import pytest
 
-from envpool_operator import bodies, builders, metrics, reconcile, settings, status
+from envpool_operator import builders, metrics, reconcile, settings, status
 from envpool_operator import runtime as runtime_mod
 from remote_env import restarts
 
@@ -123,7 +123,7 @@ def test_a_problem_becomes_a_pending_condition(reason: str, message: str) -> Non
 def test_compute_reflects_the_cached_ray_cluster() -> None:
     runtime = _runtime()
     body = _body()
-    pool = bodies.parse(body, runtime.settings)
+    pool = settings.parse_pool(body, runtime.settings)
     rc = builders.build_ray_cluster(pool, runtime.settings)
     rc["metadata"]["generation"] = 1
     rc["status"] = {"observedGeneration": 1, "readyWorkerReplicas": 1, "conditions": [
@@ -139,15 +139,15 @@ def test_refresh_without_a_cached_pool_writes_nothing() -> None:
     # No EnvPool seen yet (operator start-up): nothing to patch, so no API call.
     runtime = _runtime()
     reconcile.refresh_from_ray_cluster({"metadata": {"name": "cp"}}, ("ns", "cp"), runtime)
-    assert runtime.ray_clusters[("ns", "cp")]["metadata"]["name"] == "cp"
+    assert (runtime.ray_cluster(("ns", "cp")) or {})["metadata"]["name"] == "cp"
     reconcile.refresh_from_ray_cluster(None, ("ns", "cp"), runtime)
-    assert ("ns", "cp") not in runtime.ray_clusters
+    assert runtime.ray_cluster(("ns", "cp")) is None
 
 
 def test_refreshed_status_only_when_something_changes() -> None:
     cfg = settings.Settings()
     body = _body()
-    pool = bodies.parse(body, cfg)
+    pool = settings.parse_pool(body, cfg)
     rc = builders.build_ray_cluster(pool, cfg)
     rc["status"] = {"conditions": [{"type": "HeadPodReady", "status": "False"}]}
     first = reconcile.refreshed_status(body, rc, cfg)

@@ -120,7 +120,8 @@ def test_handlers_register_with_kopf() -> None:
 @pytest.mark.parametrize("module", [
     "remote_env.spec", "remote_env.spec.parse", "remote_env.restarts", "envpool_operator.builders",
     "envpool_operator.status", "envpool_operator.metrics", "envpool_operator.names",
-    "envpool_operator.pod_templates", "envpool_operator.access", "envpool_operator.bodies",
+    "envpool_operator.pod_templates", "envpool_operator.access", "envpool_operator.settings",
+    "remote_env.spec.pool_report",
 ])
 def test_docstring_examples_run(module: str) -> None:
     import doctest

@@ -1,4 +1,4 @@
-"""remote_env.pool.registry in-process, with a fake clock: leases and replacements."""
+"""remote_env.pool.lease_actor in-process, with a fake clock: leases and replacements."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from remote_env.errors import LeaseLostError
-from remote_env.pool.registry import LeaseError, PoolRegistry
+from remote_env.pool.lease_actor import LeaseActor, LeaseError
 from remote_env.pool.slot import SlotInfo
 
 
@@ -35,10 +35,10 @@ class Fences:
 
 
 def _registry(*sizes: int, fences: Fences | None = None,
-              wall: list[int] | None = None) -> tuple[PoolRegistry, Clock]:
+              wall: list[int] | None = None) -> tuple[LeaseActor, Clock]:
     clock = Clock()
     wall_clock = (lambda: wall[0]) if wall is not None else (lambda: 5)
-    reg = PoolRegistry("p", clock=clock, fencer=fences or Fences(), epoch_clock=wall_clock)
+    reg = LeaseActor("p", clock=clock, fencer=fences or Fences(), epoch_clock=wall_clock)
     reg.server_sync(_slots(*sizes), {"signature": "s"}, timeout=0)
     return reg, clock
 
@@ -95,7 +95,7 @@ def test_no_exact_sum_is_refused_with_the_free_sizes() -> None:
 
 def test_only_ready_actors_are_leased() -> None:
     clock = Clock()
-    reg = PoolRegistry("p", clock=clock)
+    reg = LeaseActor("p", clock=clock)
     reg.server_sync(_slots(2, 2, state="starting"), None, timeout=0)
     with pytest.raises(LeaseError, match=r"0 free \(4 starting\)"):
         reg.acquire("a", None, ttl_s=10)
@@ -108,10 +108,10 @@ def test_a_lease_expires_without_heartbeats_and_revives_if_untouched() -> None:
     clock.t += 4
     assert reg.renew(a["lease_id"], "a", slots_a, 5, a["epoch"])  # heartbeat in time
     clock.t += 5.5
-    assert reg.layout()["leases"] == []  # expired
+    assert reg.layout().leases == []  # expired
     # nobody took the envs: a late heartbeat gets them back
     assert reg.renew(a["lease_id"], "a", slots_a, 5, a["epoch"])
-    assert [lease["trainer"] for lease in reg.layout()["leases"]] == ["a"]
+    assert [lease["trainer"] for lease in reg.layout().leases] == ["a"]
     clock.t += 6
     b = reg.acquire("b", 4, ttl_s=5)  # a expired again; b takes everything
     assert len(b["slots"]) == 2
@@ -130,7 +130,7 @@ def test_every_grant_fences_its_actors_with_a_larger_epoch_before_it_returns() -
     assert b["slots"] == a["slots"] and b["epoch"] == 101
     assert fences.calls[-1] == (["host-00000-g1"], 101)
     # a registry restarted later counts on from the wall clock, above the old epochs
-    fresh = PoolRegistry("p", clock=clock, fencer=fences, epoch_clock=lambda: 10**18)
+    fresh = LeaseActor("p", clock=clock, fencer=fences, epoch_clock=lambda: 10**18)
     fresh.server_sync(_slots(2, 2), None, timeout=0)
     assert fresh.acquire("c", 2, ttl_s=5)["epoch"] > b["epoch"]
 
@@ -152,16 +152,16 @@ def test_only_the_holder_releases_or_replaces() -> None:
     (slot_a,) = [s.slot for s in a["slots"]]
     (slot_b,) = [s.slot for s in b["slots"]]
     # what /status shows is not enough to act on a lease
-    shown = {lease["lease_id"] for lease in reg.layout()["leases"]}
+    shown = {lease["lease_id"] for lease in reg.layout().leases}
     assert shown == {a["lease_id"][:8], b["lease_id"][:8]}
-    assert set(reg.layout()["leased_slots"].values()) == shown
+    assert set(reg.layout().leased_slots.values()) == shown
     for short in shown:
         assert not reg.release(short)
     with pytest.raises(LeaseLostError, match=f"slot {slot_b} is not held by this trainer"):
         reg.request_replace(slot_b, f"id{slot_b}-1", "actor_died", a["lease_id"])
     with pytest.raises(LeaseLostError):
         reg.wait_for_replacement(slot_b, f"id{slot_b}-1", 0, a["lease_id"])
-    assert reg.server_sync(None, None, timeout=0)["requests"] == []  # nothing reached it
+    assert reg.server_sync(None, None, timeout=0).requests == []  # nothing reached it
     assert reg.request_replace(slot_a, f"id{slot_a}-1", "actor_died", a["lease_id"])
     assert reg.release(a["lease_id"])
     with pytest.raises(LeaseLostError):  # released: not the holder any more
@@ -178,7 +178,7 @@ def test_replacement_requests_reach_the_server_and_trainers_wait_for_the_new_act
     waiter.start()
     assert reg.request_replace(1, "id1-1", "timeout", lease)
     sync = reg.server_sync(None, None, timeout=10)  # returns at once: a request is waiting
-    assert sync["requests"] == [(1, "id1-1", "timeout")]
+    assert sync.requests == [(1, "id1-1", "timeout")]
     new = _slots(2, 2)
     new[1] = SlotInfo(1, "host-00001-g2", "id1-2", 2, "starting")
     reg.server_sync(new, None, timeout=0)
@@ -194,46 +194,39 @@ def test_replacement_requests_reach_the_server_and_trainers_wait_for_the_new_act
 
 
 def test_a_restarted_registry_waits_for_the_layout_instead_of_failing_trainers() -> None:
-    reg = PoolRegistry("p", clock=Clock(), fencer=Fences())  # empty, as after a crash
+    reg = LeaseActor("p", clock=Clock(), fencer=Fences())  # empty, as after a crash
     assert reg.renew("lease-1", "a", [0, 1], 5, 7)  # cannot check slots yet: keep the lease
     assert reg.request_replace(0, "id0-1", "actor_died", "lease-1")
     assert reg.wait_for_replacement(0, "id0-1", timeout=0, lease_id="lease-1")["timeout"] is True
-    assert reg.server_sync(_slots(2, 2), None, timeout=0)["requests"] == [
+    assert reg.server_sync(_slots(2, 2), None, timeout=0).requests == [
         (0, "id0-1", "actor_died")]
 
 
 def test_env_resource_required_places_by_it_without_asking_ray() -> None:
     # the operator's pool servers start before any worker pod has joined: asking the
     # cluster then found no env resource, and actors were placed by CPU (two per pod)
-    from prometheus_client import CollectorRegistry
+    from remote_env.pool.launch import ActorLauncher
 
-    from remote_env import spec as spec_mod
-    from remote_env.metrics import PoolMetrics
-    from remote_env.pool.actors import ActorSet
-
-    pool = spec_mod.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 2}, name="p")
-    metrics = PoolMetrics(CollectorRegistry(), "p")
-    required = ActorSet(pool, ray_namespace="ns", metrics=metrics, health_interval_s=1.0,
-                        actor_options={}, env_resource=True)
-    assert required._has_env_resource() is True  # no Ray connected: it did not ask
+    required = ActorLauncher(ray_namespace="ns", actor_options={}, env_resource=True)
+    assert required.has_env_resource() is True  # no Ray connected: it did not ask
 
 
 # ------------------------------------------- the registry's own restart (#28)
 def test_leases_survive_a_restart_of_the_registry() -> None:
     """Ray restarts a crashed registry empty; its store gives the leases back, so a
     second trainer is not granted the envs of a live one that has not renewed yet."""
-    from remote_env.pool.registry_store import MemoryStore
+    from remote_env.pool.lease_store import MemoryStore
 
     store, clock, fences = MemoryStore(), Clock(), Fences()
-    reg = PoolRegistry("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
+    reg = LeaseActor("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
     reg.server_sync(_slots(2, 2), {"signature": "s"}, timeout=0)
     a = reg.acquire("a", 2, ttl_s=30)
 
     clock.t += 25  # a's lease has 5 s left; the restart gives it a full ttl again
-    again = PoolRegistry("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
+    again = LeaseActor("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
     # the layout is kept too: what a restarted pool server adopts, what B is granted from
     layout = again.layout()
-    assert layout["slots"] == _slots(2, 2) and layout["pool_info"] == {"signature": "s"}
+    assert layout.slots == _slots(2, 2) and layout.pool_info == {"signature": "s"}
     b = again.acquire("b", 2, ttl_s=30)
     assert b["pool_info"] == {"signature": "s"}
     assert {s.slot for s in b["slots"]}.isdisjoint(s.slot for s in a["slots"])
@@ -244,24 +237,24 @@ def test_leases_survive_a_restart_of_the_registry() -> None:
     (slot_a,) = [s.slot for s in a["slots"]]
     assert again.request_replace(slot_a, f"id{slot_a}-1", "actor_died", a["lease_id"])
     clock.t += 29  # a full ttl from the restart: still a's
-    assert again.layout()["leased_slots"][slot_a] == a["lease_id"][:8]
+    assert again.layout().leased_slots[slot_a] == a["lease_id"][:8]
     assert again.release(a["lease_id"])
     # a release is kept too, and so is a withdrawal (scale-down)
     assert again.withdraw([0, 1]) == [slot_a]
-    third = PoolRegistry("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
-    assert sorted(lease["trainer"] for lease in third.layout()["leases"]) == ["b"]
-    assert [s.slot for s in third.layout()["slots"]] == [1 - slot_a]
+    third = LeaseActor("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
+    assert sorted(lease["trainer"] for lease in third.layout().leases) == ["b"]
+    assert [s.slot for s in third.layout().slots] == [1 - slot_a]
 
 
 def test_a_registry_without_a_store_record_starts_empty() -> None:
-    from remote_env.pool import registry_store
+    from remote_env.pool import lease_store
 
-    assert registry_store.load_book(None, 0.0) == registry_store.Book()
-    assert registry_store.load_layout(None) == registry_store.Layout()
+    assert lease_store.load_book(None, 0.0) == lease_store.Book()
+    assert lease_store.load_layout(None) == lease_store.Layout()
     # a record written by an older SlotInfo (fewer fields) or a newer one (more) loads
-    doc = registry_store.dump_layout(_slots(2), {"document": {"a": 1}}, 3)
+    doc = lease_store.dump_layout(_slots(2), {"document": {"a": 1}}, 3)
     doc = doc.replace('"streak": 0', '"streak": 0, "from_the_future": 1')
-    assert registry_store.load_layout(doc) == registry_store.Layout(
+    assert lease_store.load_layout(doc) == lease_store.Layout(
         tuple(_slots(2)), {"document": {"a": 1}}, 3)
 
 
@@ -274,7 +267,7 @@ def test_an_acquire_asked_again_with_its_lease_id_is_the_same_lease() -> None:
     again = reg.acquire("a", 2, ttl_s=10, lease_id="mine")
     assert (again["lease_id"], again["slots"], again["epoch"]) == (
         "mine", first["slots"], first["epoch"])
-    assert len(reg.layout()["leases"]) == 1
+    assert len(reg.layout().leases) == 1
     assert fences.calls[-1] == (["host-00000-g1"], first["epoch"])  # fenced again: idempotent
     assert [s.slot for s in reg.acquire("b", 2, ttl_s=10)["slots"]] == [1]
 
@@ -286,15 +279,15 @@ def test_withdraw_takes_only_unleased_actors_out_of_reach_of_grants() -> None:
     late = reg.acquire("late", 2, ttl_s=10)  # after the server's last sync
     (held,) = [s.slot for s in late["slots"]]
     assert reg.withdraw([2, 1, 0]) == [s for s in (2, 1, 0) if s != held]
-    assert sorted(reg.layout()["leased_slots"]) == [held]
+    assert sorted(reg.layout().leased_slots) == [held]
     with pytest.raises(LeaseError, match="cannot lease num_envs=2: 0 free"):
         reg.acquire("b", 2, ttl_s=10)
     assert reg.withdraw([held]) == []
 
 
 def test_scale_down_plans_whole_free_actors_newest_first_then_a_cut() -> None:
-    from remote_env.pool.actors import plan_scale_down
-    from remote_env.pool.slot import Slot
+    from remote_env.pool.slot import ActorSlot as Slot
+    from remote_env.pool.supervisor import plan_scale_down
 
     slots = [Slot(0, 4), Slot(1, 4), Slot(2, 4), Slot(3, 2)]
     remove, cut, by = plan_scale_down(slots, 6, leased={})
@@ -310,7 +303,7 @@ def test_during_a_rollout_actors_of_the_new_revision_are_leased_first() -> None:
     # an old actor leased now would run the old env until the lease ends
     slots = [SlotInfo(i, f"host-{i:05d}-g1", f"id{i}-1", 2, "ready",  # type: ignore[arg-type]
                       revision="new" if i in (1, 3) else "old") for i in range(4)]
-    reg = PoolRegistry("p", clock=Clock(), fencer=Fences(), epoch_clock=lambda: 5)
+    reg = LeaseActor("p", clock=Clock(), fencer=Fences(), epoch_clock=lambda: 5)
     reg.server_sync(slots, {"signature": "s", "revision": "new"}, timeout=0)
     assert [s.slot for s in reg.acquire("a", 4, ttl_s=10)["slots"]] == [1, 3]
     assert [s.slot for s in reg.acquire("b", 2, ttl_s=10)["slots"]] == [0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from remote_env.pool import rollout
-from remote_env.pool.slot import Slot
+from remote_env.pool.slot import ActorSlot as Slot
 
 OLD, NEW = "old", "new"
 

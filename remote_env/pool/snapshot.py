@@ -1,4 +1,6 @@
-"""What the pool server shows: the ``/status`` document and the EnvPool's ``status.pool``.
+"""What the pool server shows: the ``/status`` document, and from it the EnvPool's
+``status.pool`` (:class:`remote_env.spec.pool_report.PoolReport`, the typed contract
+with the operator).
 
 Pure functions of what :class:`~remote_env.pool.server.PoolServer` holds, so the
 HTTP server, the kube reporter and ``wait_ready`` all read one snapshot.
@@ -12,22 +14,19 @@ from typing import Any
 
 from remote_env import spec as spec_mod
 from remote_env.pool import rollout
-from remote_env.pool.slot import Slot
+from remote_env.pool.slot import ActorSlot
+from remote_env.spec import pool_report as report_mod
 
-#: Most host names reported per list in ``status.pool``: a scale-down removes a few
-#: worker pods at a time, and the EnvPool object must stay small.
-MAX_REPORTED_WORKERS = 100
 #: The keys of ``/status`` the operator reads (``status.pool`` of the EnvPool).
-POOL_REPORT_KEYS = ("readyEnvs", "leasedEnvs", "freeEnvs", "desiredEnvs", "restarts",
-                    "lastError", "updatedAt", "leasedWorkers", "freeWorkers", "revision",
-                    "updatedEnvs", "outdatedEnvs", "outdatedLeasedEnvs")
+POOL_REPORT_KEYS = report_mod.KEYS
+MAX_REPORTED_WORKERS = report_mod.MAX_REPORTED_WORKERS
 
 
 def now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return report_mod.timestamp(datetime.datetime.now(datetime.timezone.utc))
 
 
-def workers(slots: Sequence[Slot], leased: Mapping[int, str],
+def workers(slots: Sequence[ActorSlot], leased: Mapping[int, str],
             hosts: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """(hosts with a leased actor, the other env hosts by fewest actors first).
 
@@ -43,7 +42,7 @@ def workers(slots: Sequence[Slot], leased: Mapping[int, str],
     return held[:MAX_REPORTED_WORKERS], [h for _, h in free[:MAX_REPORTED_WORKERS]]
 
 
-def snapshot(spec: spec_mod.PoolSpec, *, ray_namespace: str, slots: Sequence[Slot],
+def snapshot(spec: spec_mod.PoolSpec, *, ray_namespace: str, slots: Sequence[ActorSlot],
              leased: Mapping[int, str], leases: Sequence[Mapping[str, Any]],
              hosts: Mapping[str, str], last_error: str, healthy: bool,
              spec_version: int) -> dict[str, Any]:
@@ -97,10 +96,6 @@ def snapshot(spec: spec_mod.PoolSpec, *, ray_namespace: str, slots: Sequence[Slo
 
 
 def pool_report(status: Mapping[str, Any]) -> dict[str, Any]:
-    """``status.pool`` of the EnvPool, from a ``/status`` document.
-
-    ``leasedWorkers``/``freeWorkers`` name the worker hosts (pods) with and without
-    a leased actor, emptiest first, so that shrinking the worker group can name
-    the pods to remove (KubeRay's ``workersToDelete``) instead of random ones.
-    """
-    return {key: status[key] for key in POOL_REPORT_KEYS}
+    """``status.pool`` of the EnvPool, from a ``/status`` document (see
+    :class:`~remote_env.spec.pool_report.PoolReport`)."""
+    return report_mod.PoolReport.from_status(status).to_document()

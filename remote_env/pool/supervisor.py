@@ -1,10 +1,13 @@
-"""The pool's env actors: adopted, pinged, replaced and scaled.
+"""The pool's env actors: adopted, pinged, replaced, rolled and scaled.
 
-:class:`ActorSet` owns the slots (one env actor position each) and what happens to
-their actors; :class:`~remote_env.pool.server.PoolServer` drives it once a tick and
-publishes what it holds. Failures are counted and retried under
-:class:`remote_env.restarts.CrashLoop`'s rule; :mod:`remote_env.pool.launch` asks
-Ray for the actors.
+:class:`ActorSupervisor` owns the slots (one env actor position each), the state
+machine of each (starting -> ready -> backoff | failed) and the pool's last error;
+it alone writes a slot's fields. :class:`~remote_env.pool.server.PoolServer` drives
+it once a tick and publishes its :meth:`~ActorSupervisor.layout` whenever
+:attr:`~ActorSupervisor.layout_version` moved. Failures are counted and retried
+under :class:`remote_env.restarts.CrashLoop`'s rule; an
+:class:`~remote_env.pool.launch.ActorLauncher` (a collaborator) asks Ray for the
+actors.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from remote_env.metrics import FAILURE_REASONS, PoolMetrics
 from remote_env.pool import launch, rollout
 from remote_env.pool.slot import (
     HOST_NAME_RE,
-    Slot,
+    ActorSlot,
     SlotInfo,
     first_line,
     generation_of,
@@ -35,43 +38,68 @@ HEALTHY_RESET_S: Final = 60.0
 #: Without hang detection, an actor Ray calls unavailable this long is dead.
 UNAVAILABLE_DEAD_S: Final = 60.0
 
-#: ``withdraw(slots)``: the registry takes the unleased ones of ``slots`` out of reach of
-#: new leases and returns them (:meth:`remote_env.pool.registry.PoolRegistry.withdraw`).
+#: ``withdraw(slots)``: the lease actor takes the unleased ones of ``slots`` out of reach
+#: of new leases and returns them (:meth:`remote_env.pool.lease_actor.LeaseActor.withdraw`).
 Withdraw = Callable[[list[int]], Sequence[int]]
 
 
-class ActorSet(launch.Launcher):
+class ActorSupervisor:
     """One pool's env actors in Ray namespace ``ray_namespace``.
 
-    ``dirty`` says the layout changed since :class:`PoolServer` last published it.
+    Owns the slots and every field of each (:class:`~remote_env.pool.slot.ActorSlot`
+    is its record), the running spec, ``last_error`` and ``layout_version``, which
+    goes up on every change of what :meth:`layout` shows: a publisher compares it
+    with the version it last published.
     """
 
     def __init__(self, spec: spec_mod.PoolSpec, *, ray_namespace: str, metrics: PoolMetrics,
-                 health_interval_s: float, actor_options: Mapping[str, Any],
-                 env_resource: bool | None = None) -> None:
-        self.spec = spec
+                 health_interval_s: float, launcher: launch.ActorLauncher) -> None:
+        self._spec = spec
         self.ray_namespace = ray_namespace
         self.metrics = metrics
         self.health_interval_s = health_interval_s
-        self._actor_options = dict(actor_options)
-        self.slots: dict[int, Slot] = {}
-        self.dirty = True
-        self.last_error = ""
-        #: True: place actors by the env resource always (the operator's clusters, whose
-        #: workers advertise it). None: detect it; a pool server that starts before any
-        #: worker has joined then placed actors by CPU, and two landed on one worker pod.
-        self._env_resource_required = env_resource
-        self._env_resource: tuple[float, bool] = (0.0, False)
+        self.launcher = launcher
+        self._slots: dict[int, ActorSlot] = {}
+        self._layout_version = 0
+        self._last_error = ""
         #: slot -> when a rollout first found it outdated (the start of a leased one's grace)
         self._outdated_since: dict[int, float] = {}
 
+    # ---------------------------------------------------------------- views
+    @property
+    def spec(self) -> spec_mod.PoolSpec:
+        """The spec the actors run (changed by :meth:`respec`)."""
+        return self._spec
+
+    @property
+    def last_error(self) -> str:
+        """The last failure of an actor (or of a supervision pass); "" while none."""
+        return self._last_error
+
+    @property
+    def layout_version(self) -> int:
+        """Goes up whenever :meth:`layout` would show something new."""
+        return self._layout_version
+
+    def slots(self) -> list[ActorSlot]:
+        """The slots in slot order (records to read; the supervisor writes them)."""
+        return sorted(self._slots.values(), key=lambda x: x.slot)
+
     def layout(self) -> list[SlotInfo]:
-        return [s.info() for s in sorted(self.slots.values(), key=lambda x: x.slot)]
+        return [s.info() for s in self.slots()]
+
+    def max_unavailable(self) -> int:
+        return self._spec.update_strategy.max_unavailable_envs(self._spec.desired_envs)
+
+    # ------------------------------------------------------------- commands
+    def tick_failed(self, message: str) -> None:
+        """A supervision pass failed (a Ray hiccup): shown as the last error."""
+        self._last_error = message
 
     def supervise(self, now: float, leased: Mapping[int, str], withdraw: Withdraw) -> None:
         """One pass: starts, pings, backoffs, then scaling to ``spec.desired_envs``.
 
-        ``leased`` is the registry's last answer, to plan a scale-down by; ``withdraw``
+        ``leased`` is the lease actor's last answer, to plan a scale-down by; ``withdraw``
         asks it at the moment of removal (a lease may have been granted since).
         """
         self._check_starts(now)
@@ -83,72 +111,69 @@ class ActorSet(launch.Launcher):
 
     def reported(self, slot: int, actor_id: str, reason: str, now: float) -> None:
         """A trainer saw actor ``actor_id`` of ``slot`` fail: replace it (once)."""
-        s = self.slots.get(slot)
+        s = self._slots.get(slot)
         if s is not None and s.actor_id == actor_id and s.state == "ready":
             why = "no answer within the trainer's step timeout" if reason == "timeout" \
                 else "a trainer's call to it failed"
-            self.fail(s, reason if reason in FAILURE_REASONS else "actor_died", why, now)
+            self._fail(s, reason if reason in FAILURE_REASONS else "actor_died", why, now)
 
     def respec(self, spec: spec_mod.PoolSpec, now: float) -> None:
         """Run ``spec`` from now on. Actors built differently are not replaced here:
         :meth:`roll` rebuilds them a few at a time, leased ones when released."""
-        old, self.spec = self.spec, spec
+        old, self._spec = self._spec, spec
         if old.revision() != spec.revision():
             log.info("pool %s: env or actor settings changed (revision %s -> %s): rolling "
                      "free actors, at most %d envs at a time; leased ones when released",
                      spec.name, old.revision(), spec.revision(), self.max_unavailable())
-        for s in self.slots.values():
+        for s in self._slots.values():
             if s.state == "failed":  # a new spec is the user's retry
                 s.streak = restarts.Streak()
                 s.retry_at = now
                 s.state = "backoff"
-        self.dirty = True
-
-    def max_unavailable(self) -> int:
-        return self.spec.update_strategy.max_unavailable_envs(self.spec.desired_envs)
+        self._changed()
 
     def roll(self, now: float, leased: Mapping[int, str], withdraw: Withdraw) -> None:
         """One rollout step (:func:`remote_env.pool.rollout.plan`): rebuild free actors of
         an older revision in place, or remove those of another size (the next scaling
-        pass adds actors of the new size). The registry has the last word on which are
+        pass adds actors of the new size). The lease actor has the last word on which are
         still free (``withdraw``), as for a scale-down. With ``leasedActors:
         ReplaceAfterGrace`` a leased one past its grace is rebuilt too, as after a
         failure: its trainer's calls fail once and it steps the new actor."""
-        if not all(s.size_known for s in self.slots.values()):
+        if not all(s.size_known for s in self._slots.values()):
             return
-        spec = self.spec
+        spec = self._spec
         revision = spec.revision()
-        outdated = {s.slot for s in self.slots.values() if s.revision != revision}
+        outdated = {s.slot for s in self._slots.values() if s.revision != revision}
         self._outdated_since = {slot: self._outdated_since.get(slot, now) for slot in outdated}
         grace = spec.update_strategy.leased_grace
         overdue = set() if grace is None else {
             slot for slot in outdated if slot in leased and now - self._outdated_since[slot] >= grace}
-        step = rollout.plan(list(self.slots.values()), revision=revision,
+        step = rollout.plan(list(self._slots.values()), revision=revision,
                             envs_per_actor=spec.envs_per_actor, desired_envs=spec.desired_envs,
                             max_unavailable=self.max_unavailable(), leased=leased,
                             overdue=overdue)
         for slot_id in step.evict:
-            s = self.slots[slot_id]
+            s = self._slots[slot_id]
             log.warning("pool %s: %s: leased past updateStrategy.leasedGraceSeconds=%d: "
                         "rebuilding it for revision %s; its trainer's envs restart",
                         spec.name, s.name, spec.update_strategy.leased_grace_seconds, revision)
             s.restarts += 1
-            self.relaunch(s, after_failure=True)  # fresh envs: reset on their next step
-            self.dirty = True
+            self._relaunch(s, after_failure=True)  # fresh envs: reset on their next step
+            self._changed()
         if not step.slots:
             return
         granted = set(withdraw(step.slots))
         for slot_id in step.rebuild:
             if slot_id in granted:
-                s = self.slots[slot_id]
+                s = self._slots[slot_id]
                 s.streak = restarts.Streak()
-                self.relaunch(s, after_failure=False)
+                self._relaunch(s, after_failure=False)
         for slot_id in step.remove:
             if slot_id in granted:
-                kill(self.slots.pop(slot_id).handle)
+                kill(self._slots.pop(slot_id).handle)
         if granted:
-            self.dirty = True  # withdrawn slots left the registry's layout: republish
-            left = rollout.progress(list(self.slots.values()), spec.revision(), leased)
+            self._changed()  # withdrawn slots left the lease actor's layout: republish
+            left = rollout.progress(list(self._slots.values()), spec.revision(), leased)
             log.info("pool %s: rolling to revision %s: rebuilding %d actors, removing %d "
                      "(resized); %d envs still outdated (%d leased)", spec.name,
                      spec.revision(), len(granted & set(step.rebuild)),
@@ -156,22 +181,23 @@ class ActorSet(launch.Launcher):
                      left.outdated_leased_envs)
 
     def kill_all(self) -> None:
-        for s in self.slots.values():
+        for s in self._slots.values():
             kill(s.handle)
-        self.slots.clear()
+        self._slots.clear()
 
-    def adopt(self, layout: Mapping[str, Any], now: float) -> None:
-        """Take over the pool a previous pool server left: the registry's layout and the
+    def adopt(self, published: Sequence[SlotInfo], pool_info: Mapping[str, Any],
+              now: float) -> None:
+        """Take over the pool a previous pool server left: the lease actor's layout and the
         named actors in the namespace, together.
 
         A live actor is adopted with its slot's record (size, restarts, streak); a slot
-        the registry knows without a live actor (in restart backoff, or its actor died
+        the lease actor knows without a live actor (in restart backoff, or its actor died
         while no server watched) is restarted under its streak; a failed one stays
         failed. So a restart of the pool server loses no slot a trainer may hold.
         """
         import ray
 
-        known: dict[int, SlotInfo] = {s.slot: s for s in layout.get("slots", [])}
+        known: dict[int, SlotInfo] = {s.slot: s for s in published}
         latest: dict[int, int] = {}
         names: list[tuple[int, int, str]] = []
         for entry in ray.util.list_named_actors(all_namespaces=True):
@@ -182,10 +208,10 @@ class ActorSet(launch.Launcher):
                 slot, gen = int(m.group(1)), int(m.group(2))
                 names.append((slot, gen, entry["name"]))
                 latest[slot] = max(gen, latest.get(slot, -1))
-        # Rebuild only actors known to be built from another spec; a registry that lost
+        # Rebuild only actors known to be built from another spec; a lease actor that lost
         # its record (restarted with the head) cannot tell, so they are kept.
-        built_from = layout.get("pool_info", {}).get("signature")
-        same_build = built_from is None or built_from == signature(self.spec)
+        built_from = pool_info.get("signature")
+        same_build = built_from is None or built_from == signature(self._spec)
         for slot, gen, name in names:
             try:
                 handle = ray.get_actor(name, namespace=self.ray_namespace)
@@ -195,7 +221,7 @@ class ActorSet(launch.Launcher):
                 kill(handle)  # an older generation a crashed server did not finish replacing
                 continue
             prev = known.get(slot)
-            s = restored(prev, slot, self.spec.envs_per_actor)
+            s = restored(prev, slot, self._spec.envs_per_actor)
             s.generation = gen
             s.handle = handle
             s.actor_id = handle._actor_id.hex()
@@ -203,46 +229,46 @@ class ActorSet(launch.Launcher):
             # Actors known to be built from another spec are rolled; a record without a
             # revision (an older pool server) counts as the pool_info's build.
             s.revision = prev.revision if prev is not None and prev.revision else (
-                self.spec.revision() if same_build else "")
+                self._spec.revision() if same_build else "")
             # start() is idempotent: it answers with the description of a started host
             s.start_ref = handle.start.remote()
-            self.slots[slot] = s
-        lost = [prev for slot, prev in known.items() if slot not in self.slots]
+            self._slots[slot] = s
+        lost = [prev for slot, prev in known.items() if slot not in self._slots]
         for prev in lost:
-            s = restored(prev, prev.slot, self.spec.envs_per_actor)
-            self.slots[s.slot] = s
+            s = restored(prev, prev.slot, self._spec.envs_per_actor)
+            self._slots[s.slot] = s
             if prev.state == "failed":
                 s.state = "failed"  # out of restarts: a new spec is the user's retry
-                self.last_error = s.last_error
+                self._last_error = s.last_error
             elif prev.state == "backoff":
                 s.state, s.retry_at, s.after_failure = "backoff", now, True
             else:
-                self.fail(s, "actor_died", "its actor was gone when the pool server "
+                self._fail(s, "actor_died", "its actor was gone when the pool server "
                                            "restarted", now)
-        if self.slots:
+        if self._slots:
             log.info("pool %s: adopted %d actors (%d envs) from namespace %s%s%s",
-                     self.spec.name, len(self.slots) - len(lost),
-                     sum(s.num_envs for s in self.slots.values()), self.ray_namespace,
-                     f"; restarting {len(lost)} the registry knew without an actor"
+                     self._spec.name, len(self._slots) - len(lost),
+                     sum(s.num_envs for s in self._slots.values()), self.ray_namespace,
+                     f"; restarting {len(lost)} the lease actor knew without an actor"
                      if lost else "",
                      "" if same_build else "; rolling them: spec changed")
 
     def _check_starts(self, now: float) -> None:
         import ray
 
-        starting = {s.start_ref: s for s in self.slots.values()
+        starting = {s.start_ref: s for s in self._slots.values()
                     if s.state == "starting" and s.start_ref is not None}
         if not starting:
             return
         ready, pending = ray.wait(list(starting), num_returns=len(starting), timeout=0)
-        limit = self.spec.fault_tolerance.start_timeout
+        limit = self._spec.fault_tolerance.start_timeout
         for ref in pending:
             s = starting[ref]
             if s.start_seen is None:
                 s.start_seen = now
             elif limit is not None and now - s.start_seen > limit:
                 # a hung env constructor: the actor answers nothing else either
-                self.fail(s, "timeout", f"start timed out: start() did not finish within "
+                self._fail(s, "timeout", f"start timed out: start() did not finish within "
                                          f"startTimeoutSeconds={limit:g}", now)
         for ref in ready:
             s = starting[ref]
@@ -250,17 +276,17 @@ class ActorSet(launch.Launcher):
             try:
                 info = ray.get(ref)
             except ray.exceptions.RayActorError as exc:
-                self.fail(s, "actor_died", first_line(exc), now)
+                self._fail(s, "actor_died", first_line(exc), now)
                 continue
             except ray.exceptions.RayError as exc:
-                self.fail(s, "exception", first_line(exc), now)
+                self._fail(s, "exception", first_line(exc), now)
                 continue
             permanent = [f for f in info.get("failures", []) if f.permanent]
             if permanent:
                 f = permanent[0]
-                log.warning("pool %s: %s: sub-env %d failed to start: %s\n%s", self.spec.name,
+                log.warning("pool %s: %s: sub-env %d failed to start: %s\n%s", self._spec.name,
                             s.name, f.index, f.message, f.traceback)
-                self.fail(s, "exception", f"sub-env {f.index}: {f.message}", now)
+                self._fail(s, "exception", f"sub-env {f.index}: {f.message}", now)
                 continue
             s.num_envs = int(info["num_envs"])
             s.size_known = True
@@ -272,17 +298,16 @@ class ActorSet(launch.Launcher):
             s.streak.up(now)
             s.silent_since = None
             s.last_error = ""
-            self.dirty = True
+            self._changed()
             if s.after_failure:
                 self.metrics.actor_restarts.inc()
                 self.metrics.env_restarts.inc(s.num_envs)
                 s.after_failure = False
 
-
     def _check_pings(self, now: float) -> None:
         import ray
 
-        pinged = {s.ping_ref: s for s in self.slots.values()
+        pinged = {s.ping_ref: s for s in self._slots.values()
                   if s.state == "ready" and s.ping_ref is not None}
         if pinged:
             ready, _ = ray.wait(list(pinged), num_returns=len(pinged), timeout=0)
@@ -297,21 +322,20 @@ class ActorSet(launch.Launcher):
                 except ray.exceptions.ActorUnavailableError:
                     pass  # maybe transient (network); the silence timer keeps running
                 except ray.exceptions.RayActorError as exc:
-                    self.fail(s, "actor_died", first_line(exc), now)
-        timeout = self.spec.fault_tolerance.step_timeout
-        for s in list(self.slots.values()):
+                    self._fail(s, "actor_died", first_line(exc), now)
+        timeout = self._spec.fault_tolerance.step_timeout
+        for s in list(self._slots.values()):
             if s.state != "ready" or s.silent_since is None:
                 continue
             silent = now - s.silent_since
             if timeout is not None and silent > timeout:
-                self.fail(s, "timeout", f"no answer to a health ping within "
+                self._fail(s, "timeout", f"no answer to a health ping within "
                                          f"stepTimeoutSeconds={timeout:g}", now)
             elif timeout is None and silent > UNAVAILABLE_DEAD_S and s.ping_ref is None:
-                self.fail(s, "actor_died", f"unreachable for {silent:.0f}s", now)
-
+                self._fail(s, "actor_died", f"unreachable for {silent:.0f}s", now)
 
     def _send_pings(self, now: float) -> None:
-        for s in self.slots.values():
+        for s in self._slots.values():
             if s.state == "ready" and s.ping_ref is None \
                     and now - s.ping_sent >= self.health_interval_s:
                 s.ping_ref = s.handle.ping.remote()
@@ -319,23 +343,62 @@ class ActorSet(launch.Launcher):
                 if s.silent_since is None:
                     s.silent_since = now
 
-
     def _retry_backoffs(self, now: float) -> None:
-        for s in self.slots.values():
+        for s in self._slots.values():
             if s.state == "backoff" and now >= s.retry_at:
                 self._launch(s)
 
+    def _changed(self) -> None:
+        self._layout_version += 1
+
+    def _relaunch(self, s: ActorSlot, *, after_failure: bool) -> None:
+        kill(s.handle)
+        s.ping_ref = s.start_ref = None
+        s.silent_since = None
+        s.after_failure = after_failure
+        self._launch(s)
+
+    def _launch(self, s: ActorSlot) -> None:
+        """Create ``s``'s next-generation actor and send it ``start()``."""
+        spec = self._spec
+        try:
+            got = self.launcher.launch(spec, slot=s.slot, num_envs=s.num_envs,
+                                       generation=s.generation, after_failure=s.after_failure,
+                                       restarts=s.restarts)
+        except launch.LaunchFailed as exc:
+            s.generation = exc.generation
+            self._launch_failed(s, str(exc))
+            return
+        s.generation = got.generation
+        s.handle = got.handle
+        s.actor_id = got.actor_id
+        s.revision = spec.revision()
+        s.start_ref = got.start_ref
+        s.start_seen = None
+        s.state = "starting"
+        s.node_id = ""
+        self._changed()
+
+    def _launch_failed(self, s: ActorSlot, message: str) -> None:
+        """Ray would not create ``s``'s actor: the slot is failed, with the reason."""
+        s.handle = s.ping_ref = s.start_ref = None
+        s.state = "failed"
+        s.last_error = f"{s.name}: launch failed: {message}"
+        self._last_error = s.last_error
+        self.metrics.failures["exception"].inc(s.num_envs)
+        self._changed()
+        log.error("pool %s: %s", self._spec.name, s.last_error)
 
     def crash_loop(self) -> restarts.CrashLoop:
         """The rule for the pool's actors (from the running spec): no steps are seen
         here, so the proof of health is a good ping after HEALTHY_RESET_S of being up."""
-        ft = self.spec.fault_tolerance
+        ft = self._spec.fault_tolerance
         return restarts.CrashLoop(ft.max_restarts, ft.restart_backoff_seconds,
                                   healthy_after_s=HEALTHY_RESET_S)
 
-    def fail(self, s: Slot, reason: str, message: str, now: float) -> None:
+    def _fail(self, s: ActorSlot, reason: str, message: str, now: float) -> None:
         """``s``'s actor failed: kill it and restart it (backoff), or give up."""
-        ft = self.spec.fault_tolerance
+        ft = self._spec.fault_tolerance
         self.metrics.failures[reason].inc(s.num_envs)
         kill(s.handle)
         s.ping_ref = s.start_ref = None
@@ -346,17 +409,17 @@ class ActorSet(launch.Launcher):
             rule.succeeded(s.streak, now)
         delay = rule.failed(s.streak)
         s.last_error = f"{s.name}: {reason}: {message}"
-        self.last_error = s.last_error
-        self.dirty = True
+        self._last_error = s.last_error
+        self._changed()
         if not ft.restart_failed_envs or delay is None:
             s.state = "failed"
             why = ("faultTolerance.restartFailedEnvs is false" if not ft.restart_failed_envs
                    else f"{s.streak.failures} failures in a row (maxRestarts={ft.max_restarts})")
             s.last_error += f"; not restarted: {why}"
-            self.last_error = s.last_error
-            log.error("pool %s: %s", self.spec.name, s.last_error)
+            self._last_error = s.last_error
+            log.error("pool %s: %s", self._spec.name, s.last_error)
             return
-        log.warning("pool %s: %s; restarting its %d envs in %.1fs", self.spec.name,
+        log.warning("pool %s: %s; restarting its %d envs in %.1fs", self._spec.name,
                     s.last_error, s.num_envs, delay)
         s.after_failure = True
         s.restarts += 1
@@ -365,24 +428,23 @@ class ActorSet(launch.Launcher):
         if delay == 0:
             self._launch(s)
 
-
     def scale(self, now: float, leased: Mapping[int, str], withdraw: Withdraw) -> None:
         """Add or remove actors until the pool holds ``desired_envs`` envs."""
-        if not all(s.size_known for s in self.slots.values()):
+        if not all(s.size_known for s in self._slots.values()):
             return  # adopted actors still to report how many envs they hold
-        desired = self.spec.desired_envs
-        total = sum(s.num_envs for s in self.slots.values())
+        desired = self._spec.desired_envs
+        total = sum(s.num_envs for s in self._slots.values())
         if total < desired:
-            slot = max(self.slots, default=-1) + 1
+            slot = max(self._slots, default=-1) + 1
             while total < desired:
-                n = min(self.spec.envs_per_actor, desired - total)
-                s = Slot(slot, n)
-                self.slots[slot] = s
+                n = min(self._spec.envs_per_actor, desired - total)
+                s = ActorSlot(slot, n)
+                self._slots[slot] = s
                 self._launch(s)
                 total += n
                 slot += 1
-            log.info("pool %s: scaled up to %d envs in %d actors", self.spec.name, total,
-                     len(self.slots))
+            log.info("pool %s: scaled up to %d envs in %d actors", self._spec.name, total,
+                     len(self._slots))
         elif total > desired:
             self._scale_down(total - desired, leased, withdraw)
 
@@ -392,10 +454,10 @@ class ActorSet(launch.Launcher):
         What leases hold stays until the lease ends (the next ticks finish the job), so
         a size written from a slightly old lease count (the autoscaler's, an HPA's)
         cannot take envs from a trainer. The plan is made from ``leased`` (the last
-        sync); the registry has the last word (``withdraw``): an actor leased since is
+        sync); the lease actor has the last word (``withdraw``): an actor leased since is
         kept, and the next pass plans again.
         """
-        remove, cut, cut_by = plan_scale_down(list(self.slots.values()), excess, leased)
+        remove, cut, cut_by = plan_scale_down(list(self._slots.values()), excess, leased)
         asked = [s.slot for s in remove] + ([cut.slot] if cut is not None else [])
         if not asked:
             return
@@ -404,37 +466,37 @@ class ActorSet(launch.Launcher):
         for s in remove:
             if s.slot in granted:
                 kill(s.handle)
-                del self.slots[s.slot]
+                del self._slots[s.slot]
                 removed += s.num_envs
         if cut is not None and cut.slot in granted:
             # no whole free actor fits the excess: rebuild a free one with fewer envs
             cut.num_envs -= cut_by
             removed += cut_by
-            self.relaunch(cut, after_failure=False)
+            self._relaunch(cut, after_failure=False)
         if granted:
-            self.dirty = True  # withdrawn slots left the registry's layout: republish
+            self._changed()  # withdrawn slots left the lease actor's layout: republish
         kept = len(asked) - len(granted)
         if removed or kept:
-            left = sum(s.num_envs for s in self.slots.values())
-            held = f" ({left - self.spec.desired_envs} more stay leased until released)" \
-                if left > self.spec.desired_envs else ""
+            left = sum(s.num_envs for s in self._slots.values())
+            held = f" ({left - self._spec.desired_envs} more stay leased until released)" \
+                if left > self._spec.desired_envs else ""
             late = f"; {kept} actors leased since the last pass kept" if kept else ""
-            log.info("pool %s: scaled down by %d to %d envs in %d actors%s%s", self.spec.name,
-                     removed, left, len(self.slots), held, late)
+            log.info("pool %s: scaled down by %d to %d envs in %d actors%s%s", self._spec.name,
+                     removed, left, len(self._slots), held, late)
 
 
-def restored(prev: SlotInfo | None, slot: int, envs_per_actor: int) -> Slot:
+def restored(prev: SlotInfo | None, slot: int, envs_per_actor: int) -> ActorSlot:
     """A slot rebuilt from its published record (a fresh one when there is none)."""
     if prev is None:
-        return Slot(slot, envs_per_actor)
-    s = Slot(slot, prev.num_envs, generation_of(prev.actor_name), actor_id=prev.actor_id,
+        return ActorSlot(slot, envs_per_actor)
+    s = ActorSlot(slot, prev.num_envs, generation_of(prev.actor_name), actor_id=prev.actor_id,
              restarts=prev.restarts, last_error=prev.last_error, node_id=prev.node_id)
     s.streak.failures = prev.streak
     return s
 
 
-def plan_scale_down(slots: Sequence[Slot], excess: int, leased: Mapping[int, str]
-                    ) -> tuple[list[Slot], Slot | None, int]:
+def plan_scale_down(slots: Sequence[ActorSlot], excess: int, leased: Mapping[int, str]
+                    ) -> tuple[list[ActorSlot], ActorSlot | None, int]:
     """Which actors to remove for ``excess`` fewer envs, never a leased one.
 
     Returns (whole actors to remove, newest first; an actor to rebuild smaller or None;
@@ -442,7 +504,7 @@ def plan_scale_down(slots: Sequence[Slot], excess: int, leased: Mapping[int, str
     left of the excess.
     """
     order = sorted((s for s in slots if s.slot not in leased), key=lambda s: -s.slot)
-    remove: list[Slot] = []
+    remove: list[ActorSlot] = []
     for s in order:
         if excess == 0:
             break

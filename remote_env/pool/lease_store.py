@@ -1,7 +1,8 @@
-"""What the pool's registry keeps outside itself, so that its restart loses nothing.
+"""What the pool's lease actor keeps outside itself, so that its restart loses nothing.
 
-Ray restarts a crashed registry actor (``max_restarts=-1``) empty. It writes two
-records to a :class:`RegistryStore` and reads them back when it starts:
+Ray restarts a crashed lease actor (:class:`~remote_env.pool.lease_actor.LeaseActor`,
+``max_restarts=-1``) empty. It writes two records to a :class:`LeaseStore` and reads
+them back when it starts:
 
 * the lease book (:class:`Book`: leases, the epoch each slot was last granted at,
   the last epoch), written before any caller hears of a change, so a live
@@ -23,15 +24,15 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
-from remote_env.pool.leases import Lease
+from remote_env.pool.lease_rules import Lease
 from remote_env.pool.slot import SlotInfo
 
 LEASES: Final = "leases"
 LAYOUT: Final = "layout"
 
 
-class RegistryStore(Protocol):
-    """Named text records (``LEASES``, ``LAYOUT``) kept outside the registry actor."""
+class LeaseStore(Protocol):
+    """Named text records (``LEASES``, ``LAYOUT``) kept outside the lease actor."""
 
     def load(self, record: str) -> str | None: ...
 
@@ -39,8 +40,8 @@ class RegistryStore(Protocol):
 
 
 class MemoryStore:
-    """A :class:`RegistryStore` in memory: in-process tests, or shared by several
-    :class:`~remote_env.pool.registry.PoolRegistry` objects to play a restart."""
+    """A :class:`LeaseStore` in memory: in-process tests, or shared by several
+    :class:`~remote_env.pool.lease_actor.LeaseActor` objects to play a restart."""
 
     def __init__(self) -> None:
         self.records: dict[str, str] = {}
@@ -52,13 +53,15 @@ class MemoryStore:
         self.records[record] = doc
 
 
-#: Ray KV namespace of the registries' records; the key is ``<pool's Ray namespace>/<record>``.
+#: Ray KV namespace of the lease actors' records; the key is ``<pool's Ray
+#: namespace>/<record>``. Named after the lease actor's old name, and kept: a pool
+#: server of this version reads what one of an older version wrote.
 KV_NAMESPACE: Final = "envpool-registry"
 
 
 @dataclasses.dataclass(frozen=True)
 class RayKVStore:
-    """A :class:`RegistryStore` in Ray's GCS key-value store."""
+    """A :class:`LeaseStore` in Ray's GCS key-value store."""
 
     prefix: str
 

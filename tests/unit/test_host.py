@@ -14,8 +14,8 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from remote_env import errors
-from remote_env.actor import transport
-from remote_env.actor.host import SubEnvHost, restart_seed
+from remote_env.actor.host import SubEnvHost
+from remote_env.actor.slots import restart_seed
 from remote_env.wire import channel, shared_arrays
 
 
@@ -314,10 +314,9 @@ class _NoRay:
     get = wait
 
 
-def _serve(host: SubEnvHost) -> Any:
-    """The host's channel server as open_channel makes it (which needs Ray's node id)."""
-    serve = functools.partial(transport._unwrapped(type(host))["_serve_channel"], host)
-    return channel.ChannelServer(serve, on_disconnect=host._release_shared)
+def _serve(host: SubEnvHost) -> channel.Channel:
+    """A channel to the host's endpoint as open_channel serves it (which needs Ray's node id)."""
+    return channel.Channel(*host.endpoint.listen())
 
 
 def test_shared_steps_over_a_channel_and_fenced_ones_refused_once_leased_again() -> None:
@@ -326,8 +325,7 @@ def test_shared_steps_over_a_channel_and_fenced_ones_refused_once_leased_again()
     host, ref = SubEnvHost(fns), SubEnvHost(fns)
     host.start()
     ref.start()
-    srv = _serve(host)
-    ch = channel.Channel(srv.address, srv.authkey)
+    ch = _serve(host)
     name = shared_arrays.new_name()
     where = channel.get(ch.call(("open_shared", name)), _NoRay())
     arrays = shared_arrays.SharedArrays(name, *where, create=False)
@@ -356,7 +354,6 @@ def test_shared_steps_over_a_channel_and_fenced_ones_refused_once_leased_again()
             channel.get(ch.call(("close",)), _NoRay())
     finally:
         ch.close()
-        srv.close()
         arrays.close()
         host.close()
 
@@ -371,13 +368,29 @@ def test_channel_calls_skip_wrappers_like_rays_tracing() -> None:
             return method(self, *args, **kwargs)
         return wrapper
 
-    class Wrapped(SubEnvHost):  # what ray.remote makes of the class
+    class Wrapped(SubEnvHost):  # what ray.remote makes of the class: every method wrapped
         pass
 
-    for name in ("shared_step", "fenced", "_serve_channel", "ping"):
-        setattr(Wrapped, name, wrap(getattr(SubEnvHost, name)))
-    methods = transport._unwrapped(Wrapped)
-    assert methods["shared_step"] is SubEnvHost.shared_step
-    assert methods["fenced"] is SubEnvHost.fenced
-    assert "ping" not in methods
-    assert calls == []
+    for name, method in inspect.getmembers(SubEnvHost, inspect.isfunction):
+        if name.startswith("__"):
+            continue
+        setattr(Wrapped, name, wrap(method))
+    host = Wrapped([lambda: gym.make("CartPole-v1")] * 2)
+    host.start()
+    assert calls == ["start"]  # the wrappers are there: a Ray call goes through them
+    ch = _serve(host)
+    try:
+        name = shared_arrays.new_name()
+        where = channel.get(ch.call(("open_shared", name)), _NoRay())
+        arrays = shared_arrays.SharedArrays(name, *where, create=False)
+        channel.get(ch.call(("fenced", 1, "reset", [0, 1], [0, 1], None)), _NoRay())
+        decode = functools.partial(shared_arrays.read_batch, arrays)
+        got = channel.get(ch.call(("fenced", 1, "shared_step", [0, 1], np.array([1, 0])),
+                                  decode), _NoRay())
+        assert got.indices == [0, 1]
+        assert channel.get(ch.call(("step", [1], [1])), _NoRay()).indices == [1]
+        assert calls == ["start"]  # channel calls reached the core past every wrapper
+    finally:
+        ch.close()
+        arrays.close()
+        host.close()

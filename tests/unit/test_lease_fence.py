@@ -46,9 +46,8 @@ def test_a_stale_call_over_the_channel_is_a_lease_lost_error() -> None:
     import ray  # only for channel.get's signature: no Ray session is started
 
     host = _host()
-    server = channel.ChannelServer(host._serve_channel)
     try:
-        chan = channel.Channel(server.address, server.authkey)
+        chan = channel.Channel(*host.endpoint.listen())
         call = chan.call(("fenced", 3, "reset", [0, 1], [0, 1], None))
         assert channel.get(call, ray).indices == [0, 1]
         host.fence(4)
@@ -59,4 +58,4 @@ def test_a_stale_call_over_the_channel_is_a_lease_lost_error() -> None:
         assert channel.get(chan.call(("fenced", 4, "step", [0], [1])), ray).indices == [0]
         chan.close()
     finally:
-        server.close()
+        host.close()

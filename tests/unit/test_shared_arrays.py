@@ -128,7 +128,7 @@ def test_host_shared_step_matches_sync_vector_env(mode: AutoresetMode) -> None:
                 assert info == {}
     assert 0 < empty < 200  # infos shipped only when some env had one
     assert name not in _segments()  # the first shared_step unlinked it
-    host._release_shared()
+    host.endpoint.release_shared()
     driver.close()
     host.close()
 
@@ -222,7 +222,7 @@ def test_the_lean_shared_step_matches_the_generic_step(mode: AutoresetMode, rest
         if not live:
             break
     assert host.restart_counts() == ref.restart_counts()
-    host._release_shared()
+    host.endpoint.release_shared()
     driver.close()
     host.close()
     ref.close()

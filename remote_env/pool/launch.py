@@ -61,7 +61,6 @@ class ActorLauncher:
         self._actor_options = dict(actor_options)
         self._env_resource_required = env_resource
         self._env_resource_seen: tuple[float, bool] = (-ENV_RESOURCE_RECHECK_S, False)
-        self._actor_cls: Any = None
 
     def launch(self, spec: spec_mod.PoolSpec, *, slot: int, num_envs: int, generation: int,
                after_failure: bool, restarts: int) -> Launched:
@@ -124,15 +123,11 @@ class ActorLauncher:
         return Launched(generation, handle, handle._actor_id.hex(), handle.start.remote())
 
     def actor_class(self) -> Any:
-        """``ray.remote(SubEnvHost)``, made once. From the actor side itself: the pool
-        server loads no trainer code to create actors."""
-        if self._actor_cls is None:
-            import ray
+        """The Ray actor class, from the actor side itself: the pool server loads no
+        trainer code to create actors."""
+        from remote_env.actor import host as actor_host
 
-            from remote_env.actor.host import SubEnvHost
-
-            self._actor_cls = ray.remote(SubEnvHost)
-        return self._actor_cls
+        return actor_host.actor_class()
 
     def has_env_resource(self) -> bool:
         """Place actors by the env resource (see the class)."""

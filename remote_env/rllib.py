@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
@@ -173,10 +173,12 @@ class MultiAgentVectorEnv(VectorMultiAgentEnv):  # type: ignore[misc]  # Any wit
                              f"{envs.autoreset_mode.value!r}")
         self.vector = envs
         self.num_envs = envs.num_envs
-        self.single_observation_space = envs.single_observation_space
-        self.single_action_space = envs.single_action_space
-        self.single_observation_spaces = dict(envs.single_observation_space.spaces)
-        self.single_action_spaces = dict(envs.single_action_space.spaces)
+        # a multi-agent RemoteVectorEnv's single spaces are Dicts keyed by agent
+        obs_space = cast(gym.spaces.Dict, envs.single_observation_space)
+        act_space = cast(gym.spaces.Dict, envs.single_action_space)
+        self.single_observation_space, self.single_action_space = obs_space, act_space
+        self.single_observation_spaces = dict(obs_space.spaces)
+        self.single_action_spaces = dict(act_space.spaces)
         view = _AgentSpaces(self.single_observation_spaces, self.single_action_spaces)
         self.envs = [view] * self.num_envs
         self.metadata = dict(envs.metadata)
@@ -192,7 +194,8 @@ class MultiAgentVectorEnv(VectorMultiAgentEnv):  # type: ignore[misc]  # Any wit
         results = self.vector.step(list(actions))
         return tuple(self._by_env(r) for r in results)
 
-    def _by_env(self, values: Mapping[int, Any]) -> list[Any]:
+    def _by_env(self, values: Any) -> list[Any]:
+        # results are dicts keyed env id (an int)
         return [values.get(e, {}) for e in range(self.num_envs)]
 
     def close_extras(self, **kwargs: Any) -> None:
@@ -215,8 +218,9 @@ class RemoteMultiAgentEnvRunner(MultiAgentEnvRunner):  # type: ignore[misc]
     """
 
     def make_env(self) -> None:
-        if self.env is not None:
-            self.env.close()
+        old = getattr(self, "env", None)  # RLlib's attribute, set in its __init__
+        if old is not None:
+            old.close()
             self.env = None
         env_ctx = self.config.env_config
         if not isinstance(env_ctx, EnvContext):

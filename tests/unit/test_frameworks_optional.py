@@ -12,7 +12,7 @@ _WITHOUT = """
 import sys
 sys.modules[{module!r}] = None  # as if not installed
 import remote_env.driver.vector
-assert "torchrl" not in sys.modules and "ray.rllib" not in sys.modules
+assert sys.modules.get("torchrl") is None and sys.modules.get("ray.rllib") is None
 try:
     import remote_env.{adapter}
 except ImportError as exc:

@@ -48,16 +48,28 @@ class ChannelEndpoint:
             "fenced": self.fenced,
         }
 
-    def open(self, driver_node_id: str) -> tuple[str, bytes] | None:
-        """The channel's address and key if the driver is on this node, else None."""
+    def open(self, driver_node_id: str, network: bool = False) -> tuple[str, bytes] | None:
+        """The channel's address and key: its Unix socket if the driver is on this node;
+        else, if ``network``, ``tcp://<this node's IP>:<port>``; else None (Ray calls)."""
         try:
             import ray
 
-            if ray.get_runtime_context().get_node_id() != driver_node_id:
-                return None
+            here = ray.get_runtime_context().get_node_id()
+            ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         except Exception:  # not in a Ray actor (unit tests): no node to compare
             return None
-        return self.listen()
+        if here == driver_node_id:
+            return self.listen()
+        if not network:
+            return None
+        return self.listen_tcp(ip)
+
+    def listen_tcp(self, ip: str) -> tuple[str, bytes]:
+        """Serve the channel over TCP too, on ``ip`` (this node's address, not every
+        interface): for drivers on other nodes. Same key and handshake as the socket."""
+        self.listen()
+        assert self._server is not None
+        return self._server.listen_tcp(ip), self._server.authkey
 
     def listen(self) -> tuple[str, bytes]:
         """Serve the channel (once; one channel serves many drivers): address and key."""

@@ -86,12 +86,14 @@ class SubEnvHost:
         """What :meth:`start` returned, for a driver adopting a running host."""
         return self._core.describe()
 
-    def open_channel(self, driver_node_id: str) -> tuple[str, bytes] | None:
-        """A Unix-socket channel for step/reset if the driver is on this node, else None.
+    def open_channel(self, driver_node_id: str,
+                     network: bool = False) -> tuple[str, bytes] | None:
+        """A channel for step/reset: a Unix socket if the driver is on this node, TCP on
+        this node's address if it is not and ``network`` (else None: Ray calls).
 
         See :mod:`remote_env.wire.channel` for why; one channel serves many drivers.
         """
-        return self._endpoint.open(driver_node_id)
+        return self._endpoint.open(driver_node_id, network)
 
     # ------------------------------------------------------------------ calls
     def ping(self) -> int:

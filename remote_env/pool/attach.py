@@ -2,8 +2,8 @@
 
 ``attach("cartpole")`` finds the pool's registry in Ray namespace
 ``envpool-cartpole``, leases whole env actors (two trainers never share one),
-and returns a :class:`PoolVectorEnv`: a :class:`~remote_env.driver.vector.RemoteVectorEnv`
-over the leased actors (same API, same metrics, no extra hop: trainers call the
+and returns a :class:`~remote_env.driver.vector.RemoteVectorEnv` holding the lease
+(:class:`_LeaseKeeper`, a :class:`~remote_env.driver.lease.Lease`) over the leased actors (same API, same metrics, no extra hop: trainers call the
 actors through Ray). A heartbeat thread renews the lease; ``close()`` releases it;
 a trainer that dies stops renewing and its lease expires after
 ``lease_timeout_s``. When an actor dies or hangs, the trainer asks the pool
@@ -54,7 +54,11 @@ LeaseLostError = errors.LeaseLostError
 
 
 class _LeaseKeeper:
-    """Renews a lease on a daemon thread. Holds no reference to the env (GC)."""
+    """Renews a lease on a daemon thread. Holds no reference to the env (GC).
+
+    The vector env's :class:`~remote_env.driver.lease.Lease`: its epoch goes with every
+    call, ``check()`` before each public call, ``release()`` on close.
+    """
 
     def __init__(self, registry: Any, lease_id: str, trainer: str, slots: Sequence[int],
                  ttl_s: float, epoch: int = 0) -> None:
@@ -167,50 +171,9 @@ class _PoolReplacer:
                 time.sleep(0.2)
 
 
-class PoolVectorEnv(RemoteVectorEnv):
-    """A :class:`RemoteVectorEnv` over leased pool actors; ``close()`` releases them."""
-
-    pool: str
-    lease_id: str
-    slots: list[int]
-
-    def _attach_lease(self, pool: str, keeper: _LeaseKeeper) -> None:
-        self.pool = pool
-        self._lease = keeper
-        self._lease_epoch = keeper.epoch  # sent with every host call: the actors check it
-        self.lease_id = keeper.lease_id
-        self.slots = list(keeper.slots)
-
-    @property
-    def lease_lost(self) -> bool:
-        """The lease expired and another trainer took some of its envs: stop using them."""
-        return self._lease.lost
-
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        self._lease.check()
-        return super().reset(**kwargs)
-
-    def async_reset(self, **kwargs: Any) -> None:
-        self._lease.check()
-        super().async_reset(**kwargs)
-
-    def step_async(self, actions: Any) -> None:
-        self._lease.check()
-        super().step_async(actions)
-
-    def send(self, actions: Any, env_ids: Any = None) -> None:
-        self._lease.check()
-        super().send(actions, env_ids)
-
-    def close_extras(self, **kwargs: Any) -> None:
-        super().close_extras(**kwargs)
-        lease = getattr(self, "_lease", None)
-        if lease is not None:
-            lease.release()
-
-    def __repr__(self) -> str:
-        return (f"PoolVectorEnv(pool={getattr(self, 'pool', '?')!r}, num_envs={self.num_envs}, "
-                f"actors={len(self.actors)})")
+#: What :func:`attach` returns: a :class:`RemoteVectorEnv` holding a lease on its actors
+#: (``lease``, ``lease_id``, ``slots``, ``lease_lost``; ``close()`` releases it).
+PoolVectorEnv = RemoteVectorEnv
 
 
 def attach(
@@ -350,7 +313,5 @@ def _build(name: str, ns: str, registry: Any, lease: dict[str, Any], keeper: _Le
         "pool": name,
         **kwargs,
     }
-    envs = PoolVectorEnv.from_actors(handles, sizes=[s.num_envs for s in slots],
-                                     actor_replacer=replacer, autoreset_mode=mode, **options)
-    envs._attach_lease(name, keeper)
-    return envs
+    return RemoteVectorEnv.from_actors(handles, sizes=[s.num_envs for s in slots], lease=keeper,
+                                       actor_replacer=replacer, autoreset_mode=mode, **options)

@@ -279,8 +279,8 @@ def test_one_actor_in_backoff_keeps_the_others_at_80_percent(tmp_path: Any) -> N
             rates["calm"].append(_healthy_rate(calm, 1.0, healthy))
             # wait (stepping) for env 0's actor to be in backoff after its crash loop
             wait_for(lambda: _healthy_rate(faulty, 0.05, healthy) >= 0
-                     and faulty._hosts[0].retry_at is not None
-                     and faulty._hosts[0].retry_at - time.perf_counter() > 1.5,
+                     and faulty.hosts()[0].retry_at is not None
+                     and faulty.hosts()[0].retry_at - time.perf_counter() > 1.5,
                      timeout=120, what="env 0's actor in backoff")
             rates["backoff"].append(_healthy_rate(faulty, 1.0, healthy))
         calm_rate = statistics.median(rates["calm"])

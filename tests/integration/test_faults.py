@@ -294,7 +294,7 @@ def test_node_killed_envs_come_back_on_a_healthy_node(sim_cluster: tuple[Any, An
         envs.reset(seed=SEED)
         envs.step(np.zeros(N, dtype=np.int64))
         # another node than the driver's: stepped through Ray calls, not a local socket
-        assert [h.channel for h in envs._hosts] == [None, None]
+        assert [h.channel for h in envs.hosts()] == [False, False]
         cluster.remove_node(worker, allow_graceful=False)
         # a replacement node joins (as Kubernetes re-creates a lost worker pod)
         spare = cluster.add_node(num_cpus=1, resources={"sim": 4})

@@ -65,7 +65,7 @@ class Model:
         self.step = False
 
     def check(self) -> None:
-        busy = set(np.flatnonzero(self.envs._busy).tolist())
+        busy = set(np.flatnonzero(self.envs.busy()).tolist())
         if self.step:
             assert busy == set(range(N)), busy
         elif self.step is False:
@@ -89,7 +89,7 @@ def _run(model: Model, op: tuple[Any, ...]) -> None:
             return
         was, _ = call(lambda: envs.send(acts, ids))
         if was:  # sent whole or not at all
-            sent = envs._busy[ids]
+            sent = envs.busy()[ids]
             assert sent.all() or not sent.any(), sent
             if not sent.any():
                 return
@@ -114,10 +114,10 @@ def _run(model: Model, op: tuple[Any, ...]) -> None:
         if kind == "step" and not was:
             assert result[0].shape[0] == N
         elif kind == "async_reset":
-            if not was or envs._busy.all():
+            if not was or envs.busy().all():
                 model.out = set(range(N))
             else:
-                assert not envs._busy.any()
+                assert not envs.busy().any()
         elif kind == "step_async":
             model.step = None if was else True
         elif kind == "step" and was:
@@ -144,7 +144,7 @@ def _drain_and_use(model: Model) -> None:
         model.got(envs.recv(timeout=30)[4]["env_id"])
     with pytest.raises(errors.NoAsyncCallError):
         envs.recv(timeout=1)
-    assert not envs._busy.any()
+    assert not envs.busy().any()
     envs.reset(seed=7)
     obs = envs.step(np.zeros(N, dtype=np.int64))[0]
     assert obs.shape[0] == N

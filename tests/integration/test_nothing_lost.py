@@ -324,7 +324,7 @@ def test_a_recv_that_raises_keeps_the_healthy_siblings_results(transport: str,
                 steps[ids] += 1
                 envs.send(np.zeros(len(ids), dtype=np.int64), ids)
             # every env is in flight (or its result waits) or free: none lost
-            assert set(np.flatnonzero(~envs._busy).tolist()) == free
+            assert set(np.flatnonzero(~envs.busy()).tolist()) == free
         assert raised == 1
         assert (steps[2:] >= 8).all(), f"the healthy actor's envs stopped stepping: {steps}"
         assert (steps[:2] >= 6).all(), steps

@@ -60,7 +60,7 @@ def test_box_envs_step_through_shared_memory_with_exact_infos(spin_us: float) ->
         for _ in range(120):
             a = rng.integers(0, 2, size=n)
             assert_same_step(remote.step(a), sync.step(a))
-        assert all(h.shared is not None for h in remote._hosts)
+        assert all(h.shared for h in remote.hosts())
         assert not _segments()  # mapped by both ends, the names are gone
     finally:
         remote.close()
@@ -75,8 +75,8 @@ def test_dict_observations_and_pickle_transport_keep_the_socket() -> None:
         for envs in (dict_obs, pickled):
             envs.reset(seed=0)
             envs.step(np.zeros(2, dtype=np.int64))
-            assert [h.channel is not None for h in envs._hosts] == [True]
-            assert [h.shared for h in envs._hosts] == [None]
+            assert [h.channel for h in envs.hosts()] == [True]
+            assert [h.shared for h in envs.hosts()] == [False]
         assert dict_obs.step(np.zeros(2, dtype=np.int64))[0]["x"].shape == (2, 4)
     finally:
         dict_obs.close()
@@ -97,7 +97,7 @@ def test_no_segment_survives_a_sigkilled_actor_or_close() -> None:
         assert trunc[:2].all() and "actor_died" in info["error"][0]
         for _ in range(5):
             envs.step(np.ones(4, dtype=np.int64))
-        assert envs._hosts[0].shared is not None and envs.restart_counts.tolist() == [1, 1, 0, 0]
+        assert envs.hosts()[0].shared and envs.restart_counts.tolist() == [1, 1, 0, 0]
         new_pid = envs._ray.get(envs.actors[0].ping.remote())
         assert new_pid != pid and len(_mapped(new_pid)) == 1
         assert not _segments()

@@ -45,17 +45,17 @@ def test_splits_step_exactly_as_sync_and_send_one_call_per_split(transport: str)
             a = rng.integers(0, 2, size=n)
             assert_same_step(remote.step(a), sync.step(a))
         remote.send(np.zeros(n, dtype=np.int64))
-        assert len(remote._calls) == 4  # 2 actors x 2 splits
-        assert sorted(len(c.env_ids) for c in remote._calls.values()) == [2, 2, 3, 3]
+        assert len(remote.in_flight()) == 4  # 2 actors x 2 splits
+        assert sorted(len(c.env_ids) for c in remote.in_flight()) == [2, 2, 3, 3]
         seen: list[int] = []
         while len(seen) < n:
             seen += remote.recv(timeout=30)[4]["env_id"].tolist()
         assert sorted(seen) == list(range(n))
         # a send that regroups ids across splits still goes as one call per split
         remote.send(np.zeros(3, dtype=np.int64), [7, 1, 2])
-        assert sorted(c.env_ids.tolist() for c in remote._calls.values()) == [[1, 2], [7]]
+        assert sorted(c.env_ids.tolist() for c in remote.in_flight()) == [[1, 2], [7]]
         got_ids: list[int] = []
-        while remote._calls:
+        while remote.in_flight():
             got_ids += remote.recv(timeout=30)[4]["env_id"].tolist()
         assert sorted(got_ids) == [1, 2, 7]
     finally:

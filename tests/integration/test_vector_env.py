@@ -95,7 +95,7 @@ def test_matches_sync_vector_env_step_by_step(
         seeds = [5, 6, 70, 8, 9]
         assert_tree_equal(remote.reset(seed=seeds), sync.reset(seed=seeds))
         # every actor is on this node: "auto" stepped them over sockets, "ray" never did
-        uses_socket = [h.channel is not None for h in remote._hosts]
+        uses_socket = [h.channel for h in remote.hosts()]
         assert uses_socket == [transport == "auto"] * 3
     finally:
         remote.close()

@@ -21,10 +21,10 @@ import time
 import gymnasium as gym
 import ray
 
-from remote_env import spec
-from remote_env.driver.vector import RemoteVectorEnv
-from remote_env.pool.attach import attach
+from remote_env import RemoteVectorEnv, spec
 from remote_env.pool.server import PoolServer
+
+attach = RemoteVectorEnv.from_pool  # the pool's trainer entry point
 
 
 def main() -> None:

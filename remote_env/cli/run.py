@@ -181,9 +181,9 @@ def _open_envs(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
 
 def _open_pool(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
     """``-f pool.yaml``: the pool server of that EnvPool and a trainer attached to it."""
+    from remote_env import RemoteVectorEnv
     from remote_env import spec as spec_mod
     from remote_env.metrics import PoolMetrics
-    from remote_env.pool.attach import attach
     from remote_env.pool.server import PoolServer
 
     spec = spec_mod.load(args.file)
@@ -198,8 +198,8 @@ def _open_pool(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
     print(f"pool {spec.name}: {spec.desired_envs} envs ready in "
           f"{time.monotonic() - t0:.1f}s", file=sys.stderr)
     # the trainer gets its own registry: the server already counts pool-side events
-    envs = attach(spec.name, metrics=PoolMetrics(pool=spec.name), spin_us=args.spin_us,
-                   splits_per_actor=args.splits_per_actor)
+    envs = RemoteVectorEnv.from_pool(spec.name, metrics=PoolMetrics(pool=spec.name),
+                                     spin_us=args.spin_us, splits_per_actor=args.splits_per_actor)
     cleanup.callback(envs.close)
     return envs
 

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from remote_env import errors, interrupts
-from remote_env.actor.host import EnvFn, SubEnvHost
+from remote_env.actor import host as actor_host
+from remote_env.actor.host import EnvFn
 from remote_env.driver.ledger import EnvLedger
 from remote_env.driver.options import Options
 from remote_env.driver.planner import Layout
@@ -51,17 +52,11 @@ class ReturnHandle:
         return self.handle
 
 
-_HOST_CLS: Any = None
 
 
 def remote_host() -> Any:
-    """The Ray actor class hosting sub-envs (made once per process)."""
-    global _HOST_CLS
-    if _HOST_CLS is None:
-        import ray
-
-        _HOST_CLS = ray.remote(SubEnvHost)
-    return _HOST_CLS
+    """The Ray actor class hosting sub-envs (made once per process, on the actor side)."""
+    return actor_host.actor_class()
 
 
 def describe_existing(handle: Any) -> dict[str, Any] | None:

@@ -1,9 +1,9 @@
 """The lease a vector env may hold on its actors (envs leased from a pool).
 
-A :class:`Lease` is given to :meth:`RemoteVectorEnv.from_actors` (``lease=``): its
+A :class:`HeldLease` is given to :meth:`RemoteVectorEnv.from_actors` (``lease=``): its
 epoch goes with every hot call (the actors refuse older ones), every public call
 first checks it is still held, and ``close()`` releases it. The pool's trainer side
-(:mod:`remote_env.pool.attach`) provides one; the vector env needs no subclass.
+(:mod:`remote_env.driver.attach`) provides one; the vector env needs no subclass.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 
-class Lease(Protocol):
+class HeldLease(Protocol):
     """A lease on the slots whose actors the vector env steps."""
 
     @property

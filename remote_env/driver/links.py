@@ -12,7 +12,7 @@ would be a third implementation). Two today:
   (``transport="auto"``/``"pickle"``), with shared arrays for steps when the spaces
   batch into arrays (``"auto"``).
 
-A leased env (a pool's, see :mod:`remote_env.pool.attach`) sends the lease epoch
+A leased env (a pool's, see :mod:`remote_env.driver.attach`) sends the lease epoch
 with every call; the actors refuse older ones.
 """
 

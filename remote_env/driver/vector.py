@@ -50,7 +50,7 @@ from remote_env.driver.assembly import Assembler, Batches, Results
 from remote_env.driver.dispatch import Dispatcher
 from remote_env.driver.hosts import HostTable
 from remote_env.driver.inflight import CallView, InFlight
-from remote_env.driver.lease import Lease
+from remote_env.driver.lease import HeldLease
 from remote_env.driver.ledger import EnvLedger
 from remote_env.driver.links import Links
 from remote_env.driver.recovery import Recovery
@@ -180,8 +180,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             restarts (a pool server); by default this env kills and re-creates them.
         registry: Prometheus registry for the pool's metrics (a private one if None).
         pool: the ``pool`` label of the metrics.
-        lease: a :class:`~remote_env.driver.lease.Lease` on the actors (a pool's, see
-            :func:`remote_env.pool.attach.attach`): its epoch goes with every call,
+        lease: a :class:`~remote_env.driver.lease.HeldLease` on the actors (a pool's, see
+            :meth:`from_pool`): its epoch goes with every call,
             each public call checks it is held, and :meth:`close` releases it.
 
     Example:
@@ -219,7 +219,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         registry: Any = None,
         pool: str = "default",
         metrics: PoolMetrics | None = None,
-        lease: Lease | None = None,
+        lease: HeldLease | None = None,
     ) -> None:
         self.closed = True  # until construction succeeds: __del__ must not close twice
         env_fns = list(env_fns)
@@ -321,7 +321,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     @classmethod
     def from_actors(cls: type[_E], actors: Sequence[Any], *, sizes: Sequence[int] | None = None,
-                    lease: Lease | None = None, **kwargs: Any) -> _E:
+                    lease: HeldLease | None = None, **kwargs: Any) -> _E:
         """A vector env over started host actors someone else owns (a pool's, say).
 
         No make-env callables are needed: the actors already hold their envs.
@@ -338,14 +338,20 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     @staticmethod
     def from_pool(name: str, **kwargs: Any) -> RemoteVectorEnv:
-        """Attach to the running pool ``name`` (see :func:`remote_env.pool.attach.attach`).
+        """Lease envs of the running pool ``name`` and return a vector env over them
+        (arguments: :func:`remote_env.driver.attach.lease_pool`).
 
         Example:
             >>> envs = RemoteVectorEnv.from_pool("cartpole", num_envs=16)  # doctest: +SKIP
         """
-        from remote_env.pool.attach import attach
+        from remote_env.driver import attach
 
-        return attach(name, **kwargs)
+        grant = attach.lease_pool(name, **kwargs)
+        try:
+            return RemoteVectorEnv.from_actors(**grant.from_actors())
+        except BaseException:
+            grant.lease.release()
+            raise
 
     # ---------------------------------------------------------------- options
     @property
@@ -446,7 +452,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     # ------------------------------------------------------------------- lease
     @property
-    def lease(self) -> Lease | None:
+    def lease(self) -> HeldLease | None:
         """The lease held on the actors (a pool's), or None."""
         return self._lease
 

@@ -10,7 +10,6 @@
   :mod:`~remote_env.pool.lease_rules`: what a lease is, how a grant is chosen,
   renewed and expired (pure); :mod:`~remote_env.pool.lease_store`: what the lease
   actor keeps outside itself (Ray's KV store) so that its restart loses neither.
-- :mod:`~remote_env.pool.attach`: trainers lease actors (``RemoteVectorEnv.from_pool``).
 - :mod:`~remote_env.pool.spec_source`: where the running spec comes from (the
   EnvPool itself in-cluster, else the config file).
 - :mod:`~remote_env.pool.snapshot`, :mod:`~remote_env.pool.http_server`,
@@ -18,9 +17,9 @@
   document; ``/status``, ``/metrics``, ``/healthz``; ``status.pool``, whose model
   is :mod:`remote_env.spec.pool_report`, shared with the operator).
 
-"registry" in this package is the Prometheus registry only (``PoolServer.registry``);
-:mod:`~remote_env.pool.registry` is an alias of the lease actor's old module name
-kept for :mod:`~remote_env.pool.attach` until it imports ``lease_actor``.
+"registry" in this package is the Prometheus registry only (``PoolServer.registry``).
+Trainers lease actors from the driver side (:mod:`remote_env.driver.attach`,
+``RemoteVectorEnv.from_pool``): nothing here imports the driver.
 
 The spec they run is :mod:`remote_env.spec`.
 """

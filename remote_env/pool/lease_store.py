@@ -7,7 +7,7 @@ them back when it starts:
 * the lease book (:class:`Book`: leases, the epoch each slot was last granted at,
   the last epoch), written before any caller hears of a change, so a live
   trainer keeps its envs and nobody else is granted them;
-* the layout the pool server last published (:class:`Layout`), so a pool server
+* the layout the pool server last published (:class:`StoredLayout`), so a pool server
   that restarts with it (the head pod) still finds every slot, those in restart
   backoff included. The pool server stays its owner: it republishes on restart.
 
@@ -121,7 +121,7 @@ def load_book(doc: str | None, now: float) -> Book:
 
 # ------------------------------------------------------------------ layout
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class StoredLayout:
     """The pool server's last published layout and pool info; generation 0: none."""
 
     slots: tuple[SlotInfo, ...] = ()
@@ -137,10 +137,10 @@ def dump_layout(slots: Sequence[SlotInfo], pool_info: Mapping[str, Any], generat
                        "pool_info": dict(pool_info), "generation": generation}, default=str)
 
 
-def load_layout(doc: str | None) -> Layout:
+def load_layout(doc: str | None) -> StoredLayout:
     if not doc:
-        return Layout()
+        return StoredLayout()
     raw = json.loads(doc)
     slots = tuple(SlotInfo(**{k: v for k, v in s.items() if k in _SLOT_FIELDS})
                   for s in raw.get("slots", []))
-    return Layout(slots, dict(raw.get("pool_info", {})), int(raw.get("generation", 0)))
+    return StoredLayout(slots, dict(raw.get("pool_info", {})), int(raw.get("generation", 0)))

@@ -6,7 +6,7 @@ sizing the RayCluster's worker group (kwok runs its pods), a real local Ray, and
 pool server (``python -m remote_env.cli.serve``, as the head pod's sidecar runs it:
 the operator's ConfigMap document, the operator-made ServiceAccount's token, the
 EnvPool watch and the ``status.pool`` report). Trainers lease with
-``remote_env.pool.attach`` from this process. The loop under test is the product's:
+``remote_env.driver.attach`` from this process. The loop under test is the product's:
 lease -> pool server report -> operator -> scale subresource -> pool server watch ->
 new actors (and RayCluster workers).
 
@@ -35,9 +35,8 @@ from test_operator_e2e import Operator, install_crd, watched_namespace
 from test_pool_server_report import _token_kubeconfig
 
 from envpool_operator import names
-from remote_env import spec
+from remote_env import RemoteVectorEnv, spec
 from remote_env.pool import lease_actor
-from remote_env.pool.attach import attach
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -46,6 +45,8 @@ INTEGRATION = REPO / "tests" / "integration"  # pool_envs: envs that count const
 NS_PREFIX = "e2e-as-"
 sys.path.insert(0, str(INTEGRATION))
 from pool_envs import constructions  # noqa: E402
+
+attach = RemoteVectorEnv.from_pool  # the pool's trainer entry point
 
 
 def _free_port() -> int:

@@ -31,11 +31,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray.cluster_utils import Cluster
 from ray_checks import wait_for
 
-from remote_env import spec
+from remote_env import RemoteVectorEnv, spec
+from remote_env.driver.attach import PoolNotFoundError
 from remote_env.pool import lease_actor
-from remote_env.pool.attach import PoolNotFoundError, attach
 from remote_env.pool.server import PoolServer
 from remote_env.spec import ENV_RESOURCE
+
+attach = RemoteVectorEnv.from_pool  # the pool's trainer entry point
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -229,7 +231,8 @@ def test_leases_are_disjoint_expire_with_their_trainer_and_show_over_http(
         proc = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(f"""
                 import time
-                from remote_env.pool.attach import attach
+                from remote_env import RemoteVectorEnv
+                attach = RemoteVectorEnv.from_pool
                 envs = attach("lease", address={cluster.address!r}, num_envs=2,
                               lease_timeout_s=3, trainer="doomed")
                 print("leased", envs.slots, flush=True)
@@ -489,7 +492,8 @@ def test_a_frozen_trainer_that_lost_its_lease_is_told_so(cluster: Cluster, tmp_p
             import sys
             import time
             import numpy as np
-            from remote_env.pool.attach import attach
+            from remote_env import RemoteVectorEnv
+            attach = RemoteVectorEnv.from_pool
             envs = attach("stall", address={cluster.address!r}, lease_timeout_s=1.0,
                           trainer="frozen", wait_s=60)
             envs.reset(seed=0)
@@ -618,7 +622,9 @@ _TRAINER_A = """
 import json, sys, time
 import numpy as np
 from remote_env.errors import LeaseLostError
-from remote_env.pool.attach import attach
+from remote_env import RemoteVectorEnv
+
+attach = RemoteVectorEnv.from_pool
 envs = attach({pool!r}, address={address!r}, num_envs=2, lease_timeout_s={ttl}, trainer="A")
 if {deaf}:
     envs._lease._stop.set()  # its heartbeats stop getting through; it keeps stepping

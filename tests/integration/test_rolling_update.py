@@ -23,10 +23,11 @@ import ray
 from pool_envs import constructions
 from ray_checks import wait_for
 
-from remote_env import spec
+from remote_env import RemoteVectorEnv, spec
 from remote_env.pool import snapshot as snapshot_mod
-from remote_env.pool.attach import attach
 from remote_env.pool.server import PoolServer
+
+attach = RemoteVectorEnv.from_pool  # the pool's trainer entry point
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.timeout(300)

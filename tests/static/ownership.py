@@ -107,6 +107,15 @@ def scan(paths: Iterable[pathlib.Path], root: pathlib.Path) -> tuple[list[ClassI
                         continue
                     me = _self_name(fn)
                     for n in ast.walk(fn):
+                        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                                and n.func.id == "setattr" and n.args
+                                and isinstance(n.args[0], ast.Name) and n.args[0].id == me):
+                            # setattr(self, name, ...): fields named at run time, the
+                            # class's own declared ones (its annotations say which)
+                            for stub in stubs:
+                                own.add(stub)
+                                writes.append(Write(stub, f"{module}:{top.name}", True,
+                                                    n.lineno))
                         for t in _targets(n):
                             if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
                                 on_self = t.value.id == me

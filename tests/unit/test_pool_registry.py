@@ -250,11 +250,11 @@ def test_a_registry_without_a_store_record_starts_empty() -> None:
     from remote_env.pool import lease_store
 
     assert lease_store.load_book(None, 0.0) == lease_store.Book()
-    assert lease_store.load_layout(None) == lease_store.Layout()
+    assert lease_store.load_layout(None) == lease_store.StoredLayout()
     # a record written by an older SlotInfo (fewer fields) or a newer one (more) loads
     doc = lease_store.dump_layout(_slots(2), {"document": {"a": 1}}, 3)
     doc = doc.replace('"streak": 0', '"streak": 0, "from_the_future": 1')
-    assert lease_store.load_layout(doc) == lease_store.Layout(
+    assert lease_store.load_layout(doc) == lease_store.StoredLayout(
         tuple(_slots(2)), {"document": {"a": 1}}, 3)
 
 

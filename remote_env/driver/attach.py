@@ -1,16 +1,18 @@
-"""Attach a trainer to a running pool: lease warm env actors, step them directly.
+"""A trainer's side of a running pool: lease warm env actors, step them directly.
 
-``attach("cartpole")`` finds the pool's registry in Ray namespace
-``envpool-cartpole``, leases whole env actors (two trainers never share one),
-and returns a :class:`~remote_env.driver.vector.RemoteVectorEnv` holding the lease
-(:class:`_LeaseKeeper`, a :class:`~remote_env.driver.lease.Lease`) over the leased actors (same API, same metrics, no extra hop: trainers call the
-actors through Ray). A heartbeat thread renews the lease; ``close()`` releases it;
+``RemoteVectorEnv.from_pool("cartpole")`` calls :func:`lease_pool`: it finds the
+pool's lease actor in Ray namespace ``envpool-cartpole``, leases whole env actors (two
+trainers never share one) and returns a :class:`PoolGrant`: the actors, the lease
+(:class:`_LeaseKeeper`, a :class:`~remote_env.driver.lease.HeldLease`) and the options
+the pool decides, from which the vector env is built (same API, same metrics, no extra
+hop: trainers call the actors directly). This module does not build the vector env
+itself, so the driver's imports run one way (the facade over this). A heartbeat thread renews the lease; ``close()`` releases it;
 a trainer that dies stops renewing and its lease expires after
 ``lease_timeout_s``. When an actor dies or hangs, the trainer asks the pool
 server for the replacement rather than creating one (one owner of restarts).
 
 Example:
-    >>> envs = attach("cartpole", address="ray://head:10001", num_envs=16)
+    >>> envs = RemoteVectorEnv.from_pool("cartpole", address="ray://head:10001", num_envs=16)
     >>> obs, info = envs.reset(seed=0)
     >>> obs, rew, term, trunc, info = envs.step(envs.action_space.sample())
     >>> envs.close()   # the actors stay warm for the next trainer
@@ -25,12 +27,12 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from remote_env import errors, ray_connect
 from remote_env import spec as spec_mod
-from remote_env.driver.vector import RemoteVectorEnv
-from remote_env.pool import registry as pool_registry
+from remote_env.pool import lease_actor
 from remote_env.pool import slot as pool_slot
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,7 @@ LeaseLostError = errors.LeaseLostError
 class _LeaseKeeper:
     """Renews a lease on a daemon thread. Holds no reference to the env (GC).
 
-    The vector env's :class:`~remote_env.driver.lease.Lease`: its epoch goes with every
+    The vector env's :class:`~remote_env.driver.lease.HeldLease`: its epoch goes with every
     call, ``check()`` before each public call, ``release()`` on close.
     """
 
@@ -171,12 +173,22 @@ class _PoolReplacer:
                 time.sleep(0.2)
 
 
-#: What :func:`attach` returns: a :class:`RemoteVectorEnv` holding a lease on its actors
-#: (``lease``, ``lease_id``, ``slots``, ``lease_lost``; ``close()`` releases it).
-PoolVectorEnv = RemoteVectorEnv
+@dataclass(frozen=True)
+class PoolGrant:
+    """What a lease gives a trainer: ``RemoteVectorEnv.from_actors(**grant.from_actors())``."""
+
+    handles: list[Any]
+    sizes: list[int]
+    lease: _LeaseKeeper
+    replacer: _PoolReplacer
+    options: dict[str, Any]
+
+    def from_actors(self) -> dict[str, Any]:
+        return {"actors": self.handles, "sizes": self.sizes, "lease": self.lease,
+                "actor_replacer": self.replacer, **self.options}
 
 
-def attach(
+def lease_pool(
     name: str,
     *,
     address: str | None = None,
@@ -187,8 +199,8 @@ def attach(
     replace_timeout_s: float = 300.0,
     trainer: str | None = None,
     **kwargs: Any,
-) -> PoolVectorEnv:
-    """Lease envs of the running pool ``name`` and return a vector env over them.
+) -> PoolGrant:
+    """Lease envs of the running pool ``name`` (``RemoteVectorEnv.from_pool``'s work).
 
     Args:
         name: the pool (the EnvPool's ``metadata.name``).
@@ -214,12 +226,12 @@ def attach(
 
     Raises:
         PoolNotFoundError: no pool ``name`` on this Ray cluster.
-        pool_registry.LeaseError: not enough free envs within ``wait_s``, or the
+        lease_actor.LeaseError: not enough free envs within ``wait_s``, or the
             pool's registry did not answer within it (it was restarting).
     """
     for key in _POOL_OWNED:
         if key in kwargs:
-            raise TypeError(f"attach() does not take {key!r}: the pool's actors are used as-is")
+            raise TypeError(f"from_pool() does not take {key!r}: the pool's actors are used as-is")
     if lease_timeout_s <= 0:
         raise ValueError(f"lease_timeout_s must be > 0, got {lease_timeout_s}")
     # the local Ray / in-cluster head; a head still starting is waited for like the pool
@@ -229,12 +241,12 @@ def attach(
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            registry = pool_registry.get_registry(ns)
+            registry = lease_actor.get_lease_actor(ns)
             break
         except ValueError:
             if time.monotonic() >= deadline:
                 raise PoolNotFoundError(
-                    f"no pool {name!r} on this Ray cluster (no actor {pool_registry.REGISTRY_NAME!r} "
+                    f"no pool {name!r} on this Ray cluster (no actor {lease_actor.LEASE_ACTOR_NAME!r} "
                     f"in Ray namespace {ns!r}) after waiting {wait_s:g}s: is `envpool serve` "
                     "running for it?"
                 ) from None
@@ -265,7 +277,7 @@ def _acquire(registry: Any, who: str, num_envs: int | None, ttl_s: float,
                                             timeout=max(0.0, deadline - time.monotonic())
                                             + ACQUIRE_TIMEOUT_S)
             return lease
-        except pool_registry.LeaseError:
+        except lease_actor.LeaseError:
             if time.monotonic() >= deadline:
                 raise
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
@@ -276,7 +288,7 @@ def _acquire(registry: Any, who: str, num_envs: int | None, ttl_s: float,
                 told_restarted = True
                 continue
             if time.monotonic() >= deadline:
-                raise pool_registry.LeaseError(
+                raise lease_actor.LeaseError(
                     f"the pool's registry did not answer within wait_s={wait_s:g}s "
                     f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                     "it restarts on its own: attach again, or give wait_s") from exc
@@ -284,7 +296,7 @@ def _acquire(registry: Any, who: str, num_envs: int | None, ttl_s: float,
 
 
 def _build(name: str, ns: str, registry: Any, lease: dict[str, Any], keeper: _LeaseKeeper,
-           replace_timeout_s: float, kwargs: dict[str, Any]) -> PoolVectorEnv:
+           replace_timeout_s: float, kwargs: dict[str, Any]) -> PoolGrant:
     import ray
 
     pool = spec_mod.parse_manifest(lease["pool_info"]["document"])
@@ -313,5 +325,5 @@ def _build(name: str, ns: str, registry: Any, lease: dict[str, Any], keeper: _Le
         "pool": name,
         **kwargs,
     }
-    return RemoteVectorEnv.from_actors(handles, sizes=[s.num_envs for s in slots], lease=keeper,
-                                       actor_replacer=replacer, autoreset_mode=mode, **options)
+    return PoolGrant(handles, [s.num_envs for s in slots], keeper, replacer,
+                     {"autoreset_mode": mode, **options})

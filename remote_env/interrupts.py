@@ -8,7 +8,7 @@ frame, desyncing the stream for good. So while a vector env call runs (an
 *interruptible wait* (:func:`interruptible`: blocking in ``poll``, ``ray.wait``,
 ``sleep``, where nothing is half done), or when the operation ends. The
 operations themselves say what an interrupt at their end means (a result put back
-to be returned again, see :mod:`remote_env.driver.stepping`).
+to be returned again, see :mod:`remote_env.driver.vector`).
 
 How: one SIGINT handler, installed over the program's own (a callable one: the
 default ``KeyboardInterrupt`` or the user's) the first time an operation runs in

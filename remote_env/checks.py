@@ -67,7 +67,7 @@ def options(*, envs_per_actor: Any, threads_per_actor: Any, max_restarts: Any,
     if transport not in TRANSPORTS:
         raise ValueError(
             f"transport must be 'auto' (shared memory and a Unix socket to actors on this "
-            f"node, Ray calls to others), 'pickle' (the socket alone, arrays pickled) or 'ray' "
+            f"node, TCP to others), 'pickle' (the channel alone, arrays pickled) or 'ray' "
             f"(Ray calls only), got {transport!r}"
         )
     if isinstance(observation_mode, tuple) and len(observation_mode) == 2:

@@ -40,6 +40,11 @@ WORKLOADS = bench_runners.WORKLOADS
 IMPLS = ("remote_env", "remote_env_async", "remote_env_defaults", "remote_env_pickle",
          "remote_env_ray", "gymnasium_async", "rllib_remote_base_env", "gymnasium_sync",
          "limit")
+#: With ``--simulate-nodes``: the defaults with every actor on the driver's node
+#: (shared memory), and on the other nodes over the channel's TCP path or Ray calls.
+OFF_NODE_IMPLS = ("remote_env_on_node", "remote_env_off_node", "remote_env_off_node_ray")
+#: the custom resources that place them (the simulated nodes advertise them)
+ON_NODE, OFF_NODE = "envpool_bench_driver_node", "envpool_bench_other_node"
 PEERS = ("gymnasium_sync", "gymnasium_async", "rllib_remote_base_env")
 # re-exported: tests and scripts call these through this module
 make_env_fn = bench_runners.make_env_fn
@@ -102,6 +107,14 @@ def _impls(workload: str, impls: list[str], skipped: dict[str, str]) -> list[str
         why = bench_runners.rllib_available()
         if why:
             skipped["rllib_remote_base_env"] = why
+    placed = [i for i in impls if i in OFF_NODE_IMPLS]
+    if placed:
+        import ray
+
+        have = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        if not (have.get(ON_NODE) and have.get(OFF_NODE)):
+            for i in placed:
+                skipped[i] = "needs --simulate-nodes 2 or more (a node besides the driver's)"
     return [i for i in impls if i not in skipped]
 
 
@@ -138,6 +151,11 @@ def bench(workload: str, n: int, seconds: float, reps: int, impls: list[str],
         # the older data paths, at the defaults: compare with remote_env_defaults
         "remote_env_pickle": lambda: run_remote_env(fn, n, seconds, {"transport": "pickle"}),
         "remote_env_ray": lambda: run_remote_env(fn, n, seconds, {"transport": "ray"}),
+        # placed by the simulated nodes' resources (see OFF_NODE_IMPLS)
+        "remote_env_on_node": lambda: run_remote_env(fn, n, seconds, _placed(ON_NODE)),
+        "remote_env_off_node": lambda: run_remote_env(fn, n, seconds, _placed(OFF_NODE)),
+        "remote_env_off_node_ray": lambda: run_remote_env(
+            fn, n, seconds, {**_placed(OFF_NODE), "transport": "ray"}),
         "gymnasium_sync": lambda: run_gymnasium(fn, n, seconds, "sync"),
         "gymnasium_async": lambda: run_gymnasium(fn, n, seconds, "async"),
         "rllib_remote_base_env": lambda: bench_runners.run_rllib(fn, n, seconds),
@@ -194,6 +212,11 @@ def bench(workload: str, n: int, seconds: float, reps: int, impls: list[str],
                    "samples": samples, "cpu_samples": cpu_samples,
                    "driver_cpu_samples": driver_samples, "skipped": skipped},
     }
+
+
+def _placed(resource: str) -> dict[str, Any]:
+    """Every actor on the node(s) advertising ``resource`` (defaults otherwise)."""
+    return {"actor_options": {"num_cpus": 0, "resources": {resource: 0.001}}}
 
 
 def table(report: dict[str, Any]) -> str:
@@ -330,14 +353,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--num-envs", type=int, nargs="+", default=[8, 64])
     p.add_argument("--seconds", type=float, default=3.0, help="per repetition")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--impl", choices=IMPLS, nargs="+", default=list(IMPLS))
+    p.add_argument("--impl", choices=IMPLS + OFF_NODE_IMPLS, nargs="+", default=None,
+                   help="implementations to run (default: all; with --simulate-nodes also "
+                   f"{', '.join(OFF_NODE_IMPLS)})")
     p.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     p.add_argument("--address", help="a running Ray cluster to use (default: a fresh "
                    "local Ray with --cpus CPUs)")
     p.add_argument("--simulate-nodes", type=int, metavar="N",
                    help="run on a Ray cluster of N simulated nodes on this machine (1 CPU "
-                   "each, ray.cluster_utils): the driver's node gets shared memory, the "
-                   "others Ray calls")
+                   "each, ray.cluster_utils): actors on the driver's node get shared "
+                   "memory, the others the channel over TCP; adds the off-node "
+                   "implementations (the same envs placed on the driver's node, or on the "
+                   "others over TCP or over Ray calls)")
     p.add_argument("--ray-worker-niceness", type=int, metavar="NICE",
                    help="nice value of the local Ray's workers (Ray's default: 15; the limit "
                    "and gymnasium's processes run at this process's, usually 0)")
@@ -393,16 +420,21 @@ def _main(args: argparse.Namespace, out: Any) -> int:
         from ray.cluster_utils import Cluster
 
         # fake nodes: each a raylet of its own claiming 1 CPU, all on this machine
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        if args.simulate_nodes < 2:
+            raise SystemExit("envpool bench: --simulate-nodes needs 2 or more (the driver's "
+                             f"node and another), got {args.simulate_nodes}")
+        cluster = Cluster(initialize_head=True,
+                          head_node_args={"num_cpus": 1, "resources": {ON_NODE: 1000}})
         for _ in range(args.simulate_nodes - 1):
-            cluster.add_node(num_cpus=1)
+            cluster.add_node(num_cpus=1, resources={OFF_NODE: 1000})
         cluster.wait_for_nodes()
         address = cluster.address
     try:
         for n in args.num_envs:
             if n < 1:
                 raise SystemExit(f"envpool bench: --num-envs must be >= 1, got {n}")
-            report = bench(args.workload, n, args.seconds, args.reps, list(args.impl),
+            impls = list(args.impl or (IMPLS + OFF_NODE_IMPLS if args.simulate_nodes else IMPLS))
+            report = bench(args.workload, n, args.seconds, args.reps, impls,
                            args.cpus, progress, address, args.ray_worker_niceness)
             report["simulated_nodes"] = args.simulate_nodes or None
             print(json.dumps(report) if args.json else table(report), file=out, flush=True)

@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
                    help="threads stepping each actor's envs, for envs that block on I/O "
                    "(envs with async astep/areset need none) (default %(default)s)")
     p.add_argument("--transport", choices=("auto", "ray"), default="auto",
-                   help="auto: Unix socket to actors on this node, Ray calls to others; "
+                   help="auto: shared memory and a Unix socket to actors on this node, TCP to others; "
                    "ray: Ray calls only (default %(default)s)")
     p.add_argument("--batch-wait-ms", type=float, default=_default("batchWaitMs"),
                    help="how long recv() waits for more ready envs (default %(default)s)")

@@ -110,6 +110,8 @@ class HostView:
     #: in backoff until this ``time.perf_counter()``; None: not
     retry_at: float | None
     broken: bool
+    #: the channel is TCP (the actor is on another node), not the Unix socket
+    tcp: bool = False
 
 
 class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
@@ -150,9 +152,11 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             actors on the driver's node, observations, rewards, flags and actions in
             shared memory laid out like the batched spaces, with a Unix socket (~0.2 ms
             a round trip instead of a Ray call's ~1-2 ms) saying "batch ready" and
-            carrying infos and errors; Ray calls for actors on other nodes.
-            ``"pickle"``: the socket alone, arrays pickled through it. ``"ray"``: Ray
-            calls only. Either way Ray creates, supervises and kills the actors.
+            carrying infos and errors; for actors on other nodes, the same channel over
+            TCP to the actor's node (key-authenticated both ways; arrays as raw
+            buffers), Ray calls only if that cannot be opened. ``"pickle"``: the
+            channel alone, arrays pickled through it. ``"ray"``: Ray calls only.
+            Either way Ray creates, supervises and kills the actors.
         spin_us: with ``transport="auto"``, how long (µs) a host actor on this node
             looks for the next call before it sleeps, yielding its core between looks.
             0 (default): it sleeps at once. For cheap envs stepped in a tight loop a few
@@ -436,10 +440,11 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         """A snapshot of each host actor: its envs, data path and health (debugging, tests)."""
         out = []
         for h in range(len(self._hosts)):
-            chan, shared = self._links.describe(h)
+            chan, shared, tcp = self._links.describe(h)
             out.append(HostView(self._hosts.handle(h), self._hosts.env_ids(h).copy(),
                                 self._hosts.owned(h), chan, shared, self._recovery.up(h),
-                                self._recovery.retry_at(h), self._recovery.broken(h) is not None))
+                                self._recovery.retry_at(h), self._recovery.broken(h) is not None,
+                                tcp))
         return out
 
     def in_flight(self) -> list[CallView]:

@@ -54,20 +54,25 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="envpool.dev", key="last-handled-configuration")
     settings.persistence.finalizer = "envpool.dev/finalizer"
-    # Handlers are sync (blocking client) and run in this many threads; a
-    # first reconcile is ~12 API calls (dry run, then apply, of 5 children),
-    # so a few threads keep a burst of 200 pools moving without hammering a
-    # small API server.
-    settings.execution.max_workers = 8
+    # Handlers are sync (blocking client) and run in this many threads. A first
+    # reconcile is 3 round trips (a GET, the dry runs at once, two waves of
+    # applies), each waiting on the API server: the threads mostly wait, and the
+    # RayClusters' status refreshes queue behind the reconciles for the same threads.
+    settings.execution.max_workers = cfg.handler_threads
     # Watching a list of exact namespaces needs no namespace scan; without this,
     # kopf retries listing namespaces (which least-privilege RBAC refuses) for
     # ~1 minute before it starts reconciling.
     if getattr(memo, "envpool_exact_namespaces", False):
         settings.scanning.disabled = True
     logging.getLogger("kopf.objects").addFilter(_quiet_event_handlers)
-    kube.configure()
     registry = prometheus_client.CollectorRegistry()
     runtime = runtime_mod.Runtime(settings=cfg, metrics=metrics_mod.OperatorMetrics(registry))
+    kube.configure(
+        observe=lambda verb, resource, code: runtime.metrics.api_requests.labels(
+            verb=verb, resource=resource, code=str(code)).inc(),
+        # every handler thread, the resync and autoscaler loops, and a wave of
+        # child writes on top
+        connections=cfg.handler_threads + 16)
     runtime.metrics.track_pools(runtime.phases)
     memo.envpool = runtime
     if cfg.metrics_port:

@@ -16,7 +16,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import kopf
 
@@ -177,19 +177,28 @@ def _apply_children(
         if existing is None:
             # First creation: let the API server judge every child (quota,
             # RBAC, schema) before any is written, so a refusal leaves nothing
-            # half-made behind.
-            for child in children:
-                # A RoleBinding can't be judged before its Role exists: without the
-                # `bind` verb (which the operator must not have) the API server checks
-                # it against that Role and answers 404. It is applied after the Role.
-                if child.get("kind") != "RoleBinding":
-                    kube.apply(child, dry_run=True)
-        rc: dict[str, Any] = {}
-        for child in children:
-            rc = kube.apply(child)
+            # half-made behind. A RoleBinding can't be judged before its Role
+            # exists: without the `bind` verb (which the operator must not have)
+            # the API server checks it against that Role and answers 404. It is
+            # applied after the Role.
+            kube.apply_all([c for c in children if c.get("kind") != "RoleBinding"],
+                           dry_run=True)
+        # Two waves of writes at once (a slow API server costs two round trips, not
+        # six): the RoleBinding needs its Role, and the pods the ServiceAccount and the
+        # ConfigMap; the rest needs nothing of each other.
+        first = [c for c in children if c.get("kind") not in _SECOND_WAVE]
+        second = [c for c in children if c.get("kind") in _SECOND_WAVE]
+        kube.apply_all(first)
+        stored = kube.apply_all(second)
     except kube.ApiProblem as exc:
         raise _Stop(exc.problem, exc.delay) from None
-    return rc
+    return next((out for child, out in zip(second, stored, strict=True)
+                 if child.get("kind") == "RayCluster"), {})
+
+
+#: Children written after the others: they refer to them (RoleBinding -> Role; the
+#: RayCluster's pods -> ServiceAccount, ConfigMap).
+_SECOND_WAVE: Final = frozenset({"RoleBinding", "RayCluster"})
 
 
 def _current_workers(ray_cluster: Mapping[str, Any] | None) -> int | None:
@@ -231,6 +240,21 @@ def refreshed_status(
     return st if status_mod.status_changed(bodies.status_of(body), st) else None
 
 
+def merge_patched(current: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """``current`` after a JSON merge patch of its top-level keys (None deletes).
+
+        >>> merge_patched({"phase": "Pending", "leasedEnvs": 2}, {"phase": "Ready", "leasedEnvs": None})
+        {'phase': 'Ready'}
+    """
+    out = dict(current)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
 def refresh_from_ray_cluster(
     ray_cluster: Mapping[str, Any] | None, pool_key: tuple[str, str],
     runtime: runtime_mod.Runtime,
@@ -250,6 +274,11 @@ def refresh_from_ray_cluster(
         if st is not None:
             kube.patch_envpool_status(pool_key[0], pool_key[1], st)
             runtime.metrics.status_updates.inc()
+            with runtime.lock:
+                cached = runtime.pools.get(pool_key)
+                if cached is not None:  # until the watch brings the patched body: the
+                    # next RayCluster event compares with what was written, not before
+                    cached["status"] = merge_patched(bodies.status_of(cached), st)
 
 
 def counted(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any,
@@ -294,7 +323,15 @@ def reconcile_fresh(key: tuple[str, str], runtime: runtime_mod.Runtime,
         return outcome
 
 
+def resync(key: tuple[str, str], runtime: runtime_mod.Runtime, logger: Any) -> Outcome | None:
+    """One pool's share of a resync pass: :func:`reconcile_fresh`, counted."""
+    try:
+        return reconcile_fresh(key, runtime, logger)
+    finally:
+        runtime.metrics.resyncs.inc()
+
+
 def resync_loop(runtime: runtime_mod.Runtime, stop: threading.Event, logger: Any) -> None:
     """Every ``resync_seconds``, reconcile every known EnvPool (level-triggered repair)."""
-    runtime_mod.every_pool(runtime, stop, runtime.settings.resync_seconds, reconcile_fresh,
+    runtime_mod.every_pool(runtime, stop, runtime.settings.resync_seconds, resync,
                            "resync", logger)

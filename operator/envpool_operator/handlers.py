@@ -8,7 +8,6 @@ blocking Kubernetes client never stalls the event loop.
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 from typing import Any
@@ -149,7 +148,7 @@ def pool_event_fn(
         runtime.forget(key)
         return
     with runtime.lock:
-        runtime.pools[key] = copy.deepcopy(dict(body))
+        runtime.pools[key] = reconcile.cached_pool(body)
     if body.metadata.deletion_timestamp or key not in runtime.ray_clusters:
         return  # nothing to report yet: the reconcile writes the first status
     _status_only(body, patch, runtime)

@@ -150,7 +150,7 @@ def reconcile(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any
         logger.warning(f"{stop.problem.reason}: {stop.problem.message}; retrying in {delay:g}s")
         return Outcome(st, "retry", kopf.TemporaryError(stop.problem.message, delay=delay))
     with runtime.lock:
-        runtime.ray_clusters[key] = copy.deepcopy(rc)
+        runtime.ray_clusters[key] = cached_ray_cluster(rc)
     return Outcome(compute(body, settings=settings, ray_cluster=rc, reconciled=True), "success")
 
 
@@ -240,6 +240,58 @@ def refreshed_status(
     return st if status_mod.status_changed(bodies.status_of(body), st) else None
 
 
+#: Kept of a RayCluster's metadata between events (what the status and the ownership
+#: checks read).
+_RC_META: Final = ("name", "namespace", "uid", "generation", "annotations", "labels",
+                   "deletionTimestamp", "ownerReferences", "resourceVersion")
+
+
+def cached_ray_cluster(rc: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a RayCluster the operator keeps between events (a deep copy).
+
+    The status, the metadata above and the worker groups' sizes: what
+    :func:`compute` and :func:`workers_for` read. The pod templates and
+    managedFields, most of the object, are left out: with a thousand pools the
+    full objects were most of the operator's memory.
+
+        >>> rc = {"metadata": {"name": "cp", "generation": 2, "managedFields": [{}]},
+        ...       "spec": {"headGroupSpec": {"template": {}}, "workerGroupSpecs": [
+        ...           {"groupName": "envs", "replicas": 3, "template": {}}]},
+        ...       "status": {"state": "ready"}}
+        >>> cached_ray_cluster(rc)
+        {'metadata': {'name': 'cp', 'generation': 2}, 'spec': {'workerGroupSpecs': [{'groupName': 'envs', 'replicas': 3}]}, 'status': {'state': 'ready'}}
+    """
+    meta = rc.get("metadata") or {}
+    groups = [{k: g[k] for k in ("groupName", "replicas", "scaleStrategy") if k in g}
+              for g in (rc.get("spec") or {}).get("workerGroupSpecs") or ()]
+    return copy.deepcopy({
+        "metadata": {k: meta[k] for k in _RC_META if k in meta},
+        "spec": {"workerGroupSpecs": groups},
+        "status": rc.get("status") or {},
+    })
+
+
+def cached_pool(body: Mapping[str, Any]) -> dict[str, Any]:
+    """An EnvPool as the operator keeps it between events: a deep copy without
+    ``managedFields`` and kopf's copy of the last handled spec (an annotation only
+    kopf reads, from the body it is handed).
+
+        >>> cached_pool({"metadata": {"name": "cp", "managedFields": [{}], "annotations": {
+        ...     "envpool.dev/last-handled-configuration": "{}", "team": "a"}}, "spec": {}})
+        {'metadata': {'name': 'cp', 'annotations': {'team': 'a'}}, 'spec': {}}
+    """
+    out = {k: v for k, v in body.items() if k != "metadata"}
+    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+    if "annotations" in meta:
+        meta["annotations"] = {k: v for k, v in meta["annotations"].items()
+                               if k != _KOPF_LAST_HANDLED}
+    return copy.deepcopy({"metadata": meta, **out})
+
+
+#: kopf's diffbase annotation (handlers.configure sets its prefix and key).
+_KOPF_LAST_HANDLED: Final = "envpool.dev/last-handled-configuration"
+
+
 def merge_patched(current: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
     """``current`` after a JSON merge patch of its top-level keys (None deletes).
 
@@ -264,7 +316,7 @@ def refresh_from_ray_cluster(
         if ray_cluster is None:
             runtime.ray_clusters.pop(pool_key, None)
         else:
-            runtime.ray_clusters[pool_key] = copy.deepcopy(dict(ray_cluster))
+            runtime.ray_clusters[pool_key] = cached_ray_cluster(ray_cluster)
         known = pool_key in runtime.pools
     if not known:
         return
@@ -315,7 +367,7 @@ def reconcile_fresh(key: tuple[str, str], runtime: runtime_mod.Runtime,
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             return None
         with runtime.lock:
-            runtime.pools[key] = copy.deepcopy(body)
+            runtime.pools[key] = cached_pool(body)
         outcome = counted(body, runtime, logger)
         if status_mod.status_changed(bodies.status_of(body), outcome.status):
             kube.patch_envpool_status(ns, name, outcome.status)

@@ -69,18 +69,20 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
     kube.configure(
         observe=lambda verb, resource, code: runtime.metrics.api_requests.labels(
             verb=verb, resource=resource, code=str(code)).inc(),
-        # every handler thread, the resync and autoscaler loops, and a wave of
-        # child writes on top
-        connections=cfg.handler_threads + 16)
+        # a connection for every thread that calls the API: the handler threads, as
+        # many writers of children, the resync and autoscaler loops
+        connections=2 * cfg.handler_threads + 8, writers=cfg.handler_threads)
     runtime.metrics.track_pools(runtime.phases)
     memo.envpool = runtime
     if cfg.metrics_port:
         addr = cfg.metrics_addr or kubeconfig.default_bind_address()
         memo.envpool_metrics_server, _thread = metrics_mod.serve(registry, cfg.metrics_port, addr)
     memo.envpool_stop = threading.Event()
+    memo.envpool_status_writes = reconcile.StatusWrites()
     threading.Thread(
         target=reconcile.resync_loop, name="envpool-resync", daemon=True,
-        args=(runtime, memo.envpool_stop, logging.getLogger("envpool_operator.resync")),
+        args=(runtime, memo.envpool_stop, logging.getLogger("envpool_operator.resync"),
+              memo.envpool_status_writes),
     ).start()
     threading.Thread(
         target=scaling.autoscale_loop, name="envpool-autoscale", daemon=True,
@@ -111,6 +113,11 @@ def _runtime(memo: kopf.Memo) -> runtime_mod.Runtime:
     return runtime
 
 
+def _written(memo: kopf.Memo) -> reconcile.StatusWrites:
+    written: reconcile.StatusWrites = memo.envpool_status_writes
+    return written
+
+
 @kopf.on.resume(G, V, P)
 @kopf.on.create(G, V, P)
 # Spec changes only: status.pool reports from the pool server must not re-run
@@ -122,17 +129,23 @@ def reconcile_fn(
 ) -> None:
     outcome = reconcile.counted(body, _runtime(memo), logger, retry=retry)
     patch.status.update(outcome.status)
+    _written(memo).wrote((body.metadata.namespace or "", body.metadata.name or ""),
+                         outcome.status)
     if outcome.error is not None:
         raise outcome.error  # kopf: PermanentError stops, TemporaryError retries after delay
 
 
-def _status_only(body: kopf.Body, patch: kopf.Patch, runtime: runtime_mod.Runtime) -> None:
+def _status_only(body: kopf.Body, patch: kopf.Patch, runtime: runtime_mod.Runtime,
+                 written: reconcile.StatusWrites) -> None:
     key = (body.metadata.namespace or "", body.metadata.name or "")
-    st = reconcile.compute(body, settings=runtime.settings,
+    # this event may predate the operator's last status write: compare with both
+    current = written.basis(key, body.status)
+    st = reconcile.compute({**body, "status": current}, settings=runtime.settings,
                            ray_cluster=runtime.ray_clusters.get(key), reconciled=False)
-    if status_mod.status_changed(body.status, st):
+    if status_mod.status_changed(current, st):
         patch.status.update(st)
         runtime.metrics.status_updates.inc()
+        written.wrote(key, st)
 
 
 @kopf.on.event(G, V, P)
@@ -146,19 +159,20 @@ def pool_event_fn(
     key = (body.metadata.namespace or "", body.metadata.name or "")
     if type == "DELETED":
         runtime.forget(key)
+        _written(memo).forget(key)
         return
     with runtime.lock:
         runtime.pools[key] = reconcile.cached_pool(body)
     if body.metadata.deletion_timestamp or key not in runtime.ray_clusters:
         return  # nothing to report yet: the reconcile writes the first status
-    _status_only(body, patch, runtime)
+    _status_only(body, patch, runtime, _written(memo))
     try:
         scaling.autoscale(key, runtime, logger)
         # Worker pods kept for leased envs: once a report names pods without leases,
         # shrink now rather than at the next spec change or resync.
         pool = bodies.parse(body, runtime.settings)
         if reconcile.shrink_waiting(pool, body, runtime.ray_clusters.get(key)):
-            reconcile.reconcile_fresh(key, runtime, logger)
+            reconcile.reconcile_fresh(key, runtime, logger, _written(memo))
     except spec_mod.SpecError:
         pass  # the reconcile reports it (SpecValid=False)
     except kube.ApiProblem as exc:
@@ -179,10 +193,10 @@ def ray_cluster_event_fn(
     key = (body.metadata.namespace or "", pool_name)
     rc = None if type == "DELETED" else dict(body)
     try:
-        reconcile.refresh_from_ray_cluster(rc, key, runtime)
+        reconcile.refresh_from_ray_cluster(rc, key, runtime, _written(memo))
         if type == "DELETED" and key in runtime.pools:
             # Re-read first: the EnvPool itself may be what is being deleted.
-            reconcile.reconcile_fresh(key, runtime, logger)
+            reconcile.reconcile_fresh(key, runtime, logger, _written(memo))
     except kube.ApiProblem as exc:
         logger.warning(f"status refresh of EnvPool {key[0]}/{key[1]} failed: {exc}")
 
@@ -192,6 +206,7 @@ def delete_fn(name: str, namespace: str | None, memo: kopf.Memo, logger: Any, **
     # optional=True: no finalizer. The children go through the garbage
     # collector (ownerReferences), even if the operator is down.
     _runtime(memo).forget((namespace or "", name))
+    _written(memo).forget((namespace or "", name))
     logger.info(f"EnvPool {namespace}/{name} deleted; its children are garbage-collected")
 
 

@@ -65,11 +65,11 @@ _ray_api_seen_at: float = -1e9
 
 
 def configure(observe: RequestObserver | None = None,
-              connections: int = DEFAULT_CONNECTIONS) -> None:
+              connections: int = DEFAULT_CONNECTIONS, writers: int = DEFAULT_CONNECTIONS) -> None:
     """Load credentials: in-cluster service account, else KUBECONFIG / ~/.kube/config.
 
     ``observe`` is told about every request (the operator counts them in its metrics).
-    ``connections``: the client's connection pool, and the threads that write one
+    ``connections``: the client's connection pool; ``writers``: the threads that write
     reconcile's children at once (:func:`apply_all`). The client's default pool (5
     per core) is smaller than the handler threads of a busy operator: a request that
     finds no free connection opens one and closes it after, a TLS handshake each.
@@ -84,7 +84,7 @@ def configure(observe: RequestObserver | None = None,
         if _writers is not None:
             _writers.shutdown(wait=False)
         _writers = concurrent.futures.ThreadPoolExecutor(
-            max_workers=connections, thread_name_prefix="envpool-apply")
+            max_workers=writers, thread_name_prefix="envpool-apply")
 
 
 def _client() -> kubernetes.client.ApiClient:

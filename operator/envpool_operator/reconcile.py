@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Mapping
@@ -307,11 +308,41 @@ def merge_patched(current: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[
     return out
 
 
+class StatusWrites:
+    """The status fields this operator last patched into each EnvPool.
+
+    The bodies that statuses are compared with can predate the operator's own last
+    write: kopf patches the annotations and the status in two requests (an event
+    comes between them), and a RayCluster event is compared with the last EnvPool
+    event seen. Compared with such a body, a status already written looks changed
+    and would be written again (about half the status patches of a 1,000-pool burst,
+    issue 34). :meth:`basis` is that body with the last write merged in.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def wrote(self, key: tuple[str, str], status: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._last[key] = merge_patched(self._last.get(key, {}), status)
+
+    def basis(self, key: tuple[str, str], current: Mapping[str, Any]) -> dict[str, Any]:
+        """``current`` (a body's status) with the last write merged in."""
+        with self._lock:
+            return merge_patched(current, self._last.get(key, {}))
+
+    def forget(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._last.pop(key, None)
+
+
 def refresh_from_ray_cluster(
     ray_cluster: Mapping[str, Any] | None, pool_key: tuple[str, str],
-    runtime: runtime_mod.Runtime,
+    runtime: runtime_mod.Runtime, written: StatusWrites | None = None,
 ) -> None:
-    """A RayCluster changed: recompute its EnvPool's status and patch it if different."""
+    """A RayCluster changed: recompute its EnvPool's status and patch it if different
+    (from the last EnvPool seen and, if given, what was ``written`` since)."""
     with runtime.lock:
         if ray_cluster is None:
             runtime.ray_clusters.pop(pool_key, None)
@@ -322,15 +353,14 @@ def refresh_from_ray_cluster(
         return
     with runtime.pool_lock(pool_key):
         body = runtime.pools.get(pool_key)
+        if body is not None and written is not None:
+            body = {**body, "status": written.basis(pool_key, bodies.status_of(body))}
         st = None if body is None else refreshed_status(body, ray_cluster, runtime.settings)
         if st is not None:
             kube.patch_envpool_status(pool_key[0], pool_key[1], st)
             runtime.metrics.status_updates.inc()
-            with runtime.lock:
-                cached = runtime.pools.get(pool_key)
-                if cached is not None:  # until the watch brings the patched body: the
-                    # next RayCluster event compares with what was written, not before
-                    cached["status"] = merge_patched(bodies.status_of(cached), st)
+            if written is not None:
+                written.wrote(pool_key, st)
 
 
 def counted(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any,
@@ -351,7 +381,7 @@ def counted(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any,
 
 
 def reconcile_fresh(key: tuple[str, str], runtime: runtime_mod.Runtime,
-                    logger: Any) -> Outcome | None:
+                    logger: Any, written: StatusWrites | None = None) -> Outcome | None:
     """Re-read EnvPool ``key`` and reconcile it outside kopf (resync, lost RayCluster).
 
     The fresh read keeps a cached body from re-creating the children of an
@@ -369,21 +399,26 @@ def reconcile_fresh(key: tuple[str, str], runtime: runtime_mod.Runtime,
         with runtime.lock:
             runtime.pools[key] = cached_pool(body)
         outcome = counted(body, runtime, logger)
+        # compared with the fresh read alone: this is the repair path
         if status_mod.status_changed(bodies.status_of(body), outcome.status):
             kube.patch_envpool_status(ns, name, outcome.status)
             runtime.metrics.status_updates.inc()
+            if written is not None:
+                written.wrote(key, outcome.status)
         return outcome
 
 
-def resync(key: tuple[str, str], runtime: runtime_mod.Runtime, logger: Any) -> Outcome | None:
+def resync(key: tuple[str, str], runtime: runtime_mod.Runtime, logger: Any,
+           written: StatusWrites | None = None) -> Outcome | None:
     """One pool's share of a resync pass: :func:`reconcile_fresh`, counted."""
     try:
-        return reconcile_fresh(key, runtime, logger)
+        return reconcile_fresh(key, runtime, logger, written)
     finally:
         runtime.metrics.resyncs.inc()
 
 
-def resync_loop(runtime: runtime_mod.Runtime, stop: threading.Event, logger: Any) -> None:
+def resync_loop(runtime: runtime_mod.Runtime, stop: threading.Event, logger: Any,
+                written: StatusWrites | None = None) -> None:
     """Every ``resync_seconds``, reconcile every known EnvPool (level-triggered repair)."""
-    runtime_mod.every_pool(runtime, stop, runtime.settings.resync_seconds, resync,
-                           "resync", logger)
+    runtime_mod.every_pool(runtime, stop, runtime.settings.resync_seconds,
+                           functools.partial(resync, written=written), "resync", logger)

@@ -75,3 +75,18 @@ def test_merge_patched_is_a_json_merge_patch_of_the_top_level() -> None:
     out = reconcile.merge_patched(current, {"phase": "Ready", "leasedEnvs": None})
     assert out == {"phase": "Ready", "pool": {"readyEnvs": 2}}
     assert current["phase"] == "Provisioning"  # the cached body is replaced, not edited
+
+
+def test_status_writes_make_a_stale_body_look_written() -> None:
+    written = reconcile.StatusWrites()
+    key = ("ns", "cp")
+    stale = {"phase": "Pending", "pool": {"readyEnvs": 1}}
+    assert written.basis(key, stale) == stale  # nothing written yet
+    written.wrote(key, {"phase": "Provisioning", "leasedEnvs": None})
+    written.wrote(key, {"message": "head not ready"})
+    # the pool server's field stays as the body has it; ours as last written
+    assert written.basis(key, stale) == {"phase": "Provisioning", "message": "head not ready",
+                                         "pool": {"readyEnvs": 1}}
+    assert not status.status_changed(written.basis(key, stale), {"phase": "Provisioning"})
+    written.forget(key)
+    assert written.basis(key, stale) == stale

@@ -477,7 +477,9 @@ def _timestamp_figures(custom: Any, ns: str, workers: int) -> dict[str, Any]:
     t0 = min(created.values())
     return {
         "ts_all_rayclusters_created_s": max(rc_at.values()) - t0,
+        # None when a pool was not Ready in this listing (a later status flip)
         "ts_all_ready_s": max(ready_at.values()) - t0 if len(ready_at) == len(created) else None,
+        "ts_ready_in_listing": len(ready_at),
         "ts_apply_to_raycluster_p99_s": pct([rc_at[n] - created[n] for n in created if n in rc_at],
                                             0.99),
     }

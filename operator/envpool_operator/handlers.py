@@ -53,29 +53,36 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="envpool.dev", key="last-handled-configuration")
     settings.persistence.finalizer = "envpool.dev/finalizer"
-    # Handlers are sync (blocking client) and run in this many threads; a
-    # first reconcile is ~12 API calls (dry run, then apply, of 5 children),
-    # so a few threads keep a burst of 200 pools moving without hammering a
-    # small API server.
-    settings.execution.max_workers = 8
+    # Handlers are sync (blocking client) and run in this many threads. A first
+    # reconcile is 3 round trips (a GET, the dry runs at once, two waves of
+    # applies), each waiting on the API server: the threads mostly wait, and the
+    # RayClusters' status refreshes queue behind the reconciles for the same threads.
+    settings.execution.max_workers = cfg.handler_threads
     # Watching a list of exact namespaces needs no namespace scan; without this,
     # kopf retries listing namespaces (which least-privilege RBAC refuses) for
     # ~1 minute before it starts reconciling.
     if getattr(memo, "envpool_exact_namespaces", False):
         settings.scanning.disabled = True
     logging.getLogger("kopf.objects").addFilter(_quiet_event_handlers)
-    kube.configure()
     registry = prometheus_client.CollectorRegistry()
     runtime = runtime_mod.Runtime(settings=cfg, metrics=metrics_mod.OperatorMetrics(registry))
+    kube.configure(
+        observe=lambda verb, resource, code: runtime.metrics.api_requests.labels(
+            verb=verb, resource=resource, code=str(code)).inc(),
+        # a connection for every thread that calls the API: the handler threads, as
+        # many writers of children, the resync and autoscaler loops
+        connections=2 * cfg.handler_threads + 8, writers=cfg.handler_threads)
     runtime.metrics.track_pools(runtime.phases)
     memo.envpool = runtime
     if cfg.metrics_port:
         addr = cfg.metrics_addr or kubeconfig.default_bind_address()
         memo.envpool_metrics_server, _thread = metrics_mod.serve(registry, cfg.metrics_port, addr)
     memo.envpool_stop = threading.Event()
+    memo.envpool_status_writes = reconcile.StatusWrites()
     threading.Thread(
         target=reconcile.resync_loop, name="envpool-resync", daemon=True,
-        args=(runtime, memo.envpool_stop, logging.getLogger("envpool_operator.resync")),
+        args=(runtime, memo.envpool_stop, logging.getLogger("envpool_operator.resync"),
+              memo.envpool_status_writes),
     ).start()
     threading.Thread(
         target=scaling.autoscale_loop, name="envpool-autoscale", daemon=True,
@@ -106,6 +113,11 @@ def _runtime(memo: kopf.Memo) -> runtime_mod.Runtime:
     return runtime
 
 
+def _written(memo: kopf.Memo) -> reconcile.StatusWrites:
+    written: reconcile.StatusWrites = memo.envpool_status_writes
+    return written
+
+
 @kopf.on.resume(G, V, P)
 @kopf.on.create(G, V, P)
 # Spec changes only: status.pool reports from the pool server must not re-run
@@ -117,17 +129,23 @@ def reconcile_fn(
 ) -> None:
     outcome = reconcile.counted(body, _runtime(memo), logger, retry=retry)
     patch.status.update(outcome.status)
+    _written(memo).wrote((body.metadata.namespace or "", body.metadata.name or ""),
+                         outcome.status)
     if outcome.error is not None:
         raise outcome.error  # kopf: PermanentError stops, TemporaryError retries after delay
 
 
-def _status_only(body: kopf.Body, patch: kopf.Patch, runtime: runtime_mod.Runtime) -> None:
+def _status_only(body: kopf.Body, patch: kopf.Patch, runtime: runtime_mod.Runtime,
+                 written: reconcile.StatusWrites) -> None:
     key = (body.metadata.namespace or "", body.metadata.name or "")
-    st = reconcile.compute(body, settings=runtime.settings,
+    # this event may predate the operator's last status write: compare with both
+    current = written.basis(key, body.status)
+    st = reconcile.compute({**body, "status": current}, settings=runtime.settings,
                            ray_cluster=runtime.ray_cluster(key), reconciled=False)
-    if status_mod.status_changed(body.status, st):
+    if status_mod.status_changed(current, st):
         patch.status.update(st)
         runtime.metrics.status_updates.inc()
+        written.wrote(key, st)
 
 
 @kopf.on.event(G, V, P)
@@ -141,18 +159,19 @@ def pool_event_fn(
     key = (body.metadata.namespace or "", body.metadata.name or "")
     if type == "DELETED":
         runtime.forget(key)
+        _written(memo).forget(key)
         return
     runtime.remember_pool(key, body)
     if body.metadata.deletion_timestamp or runtime.ray_cluster(key) is None:
         return  # nothing to report yet: the reconcile writes the first status
-    _status_only(body, patch, runtime)
+    _status_only(body, patch, runtime, _written(memo))
     try:
         scaling.autoscale(key, runtime, logger)
         # Worker pods kept for leased envs: once a report names pods without leases,
         # shrink now rather than at the next spec change or resync.
         pool = settings_mod.parse_pool(body, runtime.settings)
         if reconcile.shrink_waiting(pool, body, runtime.ray_cluster(key)):
-            reconcile.reconcile_fresh(key, runtime, logger)
+            reconcile.reconcile_fresh(key, runtime, logger, _written(memo))
     except spec_mod.SpecError:
         pass  # the reconcile reports it (SpecValid=False)
     except kube.ApiProblem as exc:
@@ -173,10 +192,10 @@ def ray_cluster_event_fn(
     key = (body.metadata.namespace or "", pool_name)
     rc = None if type == "DELETED" else dict(body)
     try:
-        reconcile.refresh_from_ray_cluster(rc, key, runtime)
+        reconcile.refresh_from_ray_cluster(rc, key, runtime, _written(memo))
         if type == "DELETED" and runtime.knows_pool(key):
             # Re-read first: the EnvPool itself may be what is being deleted.
-            reconcile.reconcile_fresh(key, runtime, logger)
+            reconcile.reconcile_fresh(key, runtime, logger, _written(memo))
     except kube.ApiProblem as exc:
         logger.warning(f"status refresh of EnvPool {key[0]}/{key[1]} failed: {exc}")
 
@@ -186,6 +205,7 @@ def delete_fn(name: str, namespace: str | None, memo: kopf.Memo, logger: Any, **
     # optional=True: no finalizer. The children go through the garbage
     # collector (ownerReferences), even if the operator is down.
     _runtime(memo).forget((namespace or "", name))
+    _written(memo).forget((namespace or "", name))
     logger.info(f"EnvPool {namespace}/{name} deleted; its children are garbage-collected")
 
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import kopf
 
@@ -176,19 +177,28 @@ def _apply_children(
         if existing is None:
             # First creation: let the API server judge every child (quota,
             # RBAC, schema) before any is written, so a refusal leaves nothing
-            # half-made behind.
-            for child in children:
-                # A RoleBinding can't be judged before its Role exists: without the
-                # `bind` verb (which the operator must not have) the API server checks
-                # it against that Role and answers 404. It is applied after the Role.
-                if child.get("kind") != "RoleBinding":
-                    kube.apply(child, dry_run=True)
-        rc: dict[str, Any] = {}
-        for child in children:
-            rc = kube.apply(child)
+            # half-made behind. A RoleBinding can't be judged before its Role
+            # exists: without the `bind` verb (which the operator must not have)
+            # the API server checks it against that Role and answers 404. It is
+            # applied after the Role.
+            kube.apply_all([c for c in children if c.get("kind") != "RoleBinding"],
+                           dry_run=True)
+        # Two waves of writes at once (a slow API server costs two round trips, not
+        # six): the RoleBinding needs its Role, and the pods the ServiceAccount and the
+        # ConfigMap; the rest needs nothing of each other.
+        first = [c for c in children if c.get("kind") not in _SECOND_WAVE]
+        second = [c for c in children if c.get("kind") in _SECOND_WAVE]
+        kube.apply_all(first)
+        stored = kube.apply_all(second)
     except kube.ApiProblem as exc:
         raise _Stop(exc.problem, exc.delay) from None
-    return rc
+    return next((out for child, out in zip(second, stored, strict=True)
+                 if child.get("kind") == "RayCluster"), {})
+
+
+#: Children written after the others: they refer to them (RoleBinding -> Role; the
+#: RayCluster's pods -> ServiceAccount, ConfigMap).
+_SECOND_WAVE: Final = frozenset({"RoleBinding", "RayCluster"})
 
 
 def _current_workers(ray_cluster: Mapping[str, Any] | None) -> int | None:
@@ -230,19 +240,68 @@ def refreshed_status(
     return st if status_mod.status_changed(status_mod.status_of(body), st) else None
 
 
+def merge_patched(current: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """``current`` after a JSON merge patch of its top-level keys (None deletes).
+
+        >>> merge_patched({"phase": "Pending", "leasedEnvs": 2}, {"phase": "Ready", "leasedEnvs": None})
+        {'phase': 'Ready'}
+    """
+    out = dict(current)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
+class StatusWrites:
+    """The status fields this operator last patched into each EnvPool.
+
+    The bodies that statuses are compared with can predate the operator's own last
+    write: kopf patches the annotations and the status in two requests (an event
+    comes between them), and a RayCluster event is compared with the last EnvPool
+    event seen. Compared with such a body, a status already written looks changed
+    and would be written again (about half the status patches of a 1,000-pool burst,
+    issue 34). :meth:`basis` is that body with the last write merged in.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def wrote(self, key: tuple[str, str], status: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._last[key] = merge_patched(self._last.get(key, {}), status)
+
+    def basis(self, key: tuple[str, str], current: Mapping[str, Any]) -> dict[str, Any]:
+        """``current`` (a body's status) with the last write merged in."""
+        with self._lock:
+            return merge_patched(current, self._last.get(key, {}))
+
+    def forget(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._last.pop(key, None)
+
+
 def refresh_from_ray_cluster(
     ray_cluster: Mapping[str, Any] | None, pool_key: tuple[str, str],
-    runtime: runtime_mod.Runtime,
+    runtime: runtime_mod.Runtime, written: StatusWrites | None = None,
 ) -> None:
-    """A RayCluster changed: recompute its EnvPool's status and patch it if different."""
+    """A RayCluster changed: recompute its EnvPool's status and patch it if different
+    (from the last EnvPool seen and, if given, what was ``written`` since)."""
     if not runtime.remember_ray_cluster(pool_key, ray_cluster):
         return
     with runtime.pool_lock(pool_key):
         body = runtime.pool_body(pool_key)
+        if body is not None and written is not None:
+            body = {**body, "status": written.basis(pool_key, status_mod.status_of(body))}
         st = None if body is None else refreshed_status(body, ray_cluster, runtime.settings)
         if st is not None:
             kube.patch_envpool_status(pool_key[0], pool_key[1], st)
             runtime.metrics.status_updates.inc()
+            if written is not None:
+                written.wrote(pool_key, st)
 
 
 def counted(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any,
@@ -263,7 +322,7 @@ def counted(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any,
 
 
 def reconcile_fresh(key: tuple[str, str], runtime: runtime_mod.Runtime,
-                    logger: Any) -> Outcome | None:
+                    logger: Any, written: StatusWrites | None = None) -> Outcome | None:
     """Re-read EnvPool ``key`` and reconcile it outside kopf (resync, lost RayCluster).
 
     The fresh read keeps a cached body from re-creating the children of an
@@ -280,13 +339,26 @@ def reconcile_fresh(key: tuple[str, str], runtime: runtime_mod.Runtime,
             return None
         runtime.remember_pool(key, body)
         outcome = counted(body, runtime, logger)
+        # compared with the fresh read alone: this is the repair path
         if status_mod.status_changed(status_mod.status_of(body), outcome.status):
             kube.patch_envpool_status(ns, name, outcome.status)
             runtime.metrics.status_updates.inc()
+            if written is not None:
+                written.wrote(key, outcome.status)
         return outcome
 
 
-def resync_loop(runtime: runtime_mod.Runtime, stop: threading.Event, logger: Any) -> None:
+def resync(key: tuple[str, str], runtime: runtime_mod.Runtime, logger: Any,
+           written: StatusWrites | None = None) -> Outcome | None:
+    """One pool's share of a resync pass: :func:`reconcile_fresh`, counted."""
+    try:
+        return reconcile_fresh(key, runtime, logger, written)
+    finally:
+        runtime.metrics.resyncs.inc()
+
+
+def resync_loop(runtime: runtime_mod.Runtime, stop: threading.Event, logger: Any,
+                written: StatusWrites | None = None) -> None:
     """Every ``resync_seconds``, reconcile every known EnvPool (level-triggered repair)."""
-    runtime_mod.every_pool(runtime, stop, runtime.settings.resync_seconds, reconcile_fresh,
-                           "resync", logger)
+    runtime_mod.every_pool(runtime, stop, runtime.settings.resync_seconds,
+                           functools.partial(resync, written=written), "resync", logger)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from envpool_operator import autoscaler, kube
 from envpool_operator import metrics as metrics_mod
@@ -54,8 +54,9 @@ class Runtime:
 
     # ------------------------------------------------------------- EnvPools
     def remember_pool(self, key: Key, body: Mapping[str, Any]) -> None:
-        """The EnvPool as last seen (a watch event, a fresh read)."""
-        kept = copy.deepcopy(dict(body))
+        """The EnvPool as last seen (a watch event, a fresh read), without what only
+        kopf reads (:func:`cached_pool`)."""
+        kept = cached_pool(body)
         with self._lock:
             self._pools[key] = kept
 
@@ -102,7 +103,7 @@ class Runtime:
     def remember_ray_cluster(self, key: Key, ray_cluster: Mapping[str, Any] | None) -> bool:
         """EnvPool ``key``'s RayCluster as last seen (None: gone); True when the EnvPool
         itself is known."""
-        kept = None if ray_cluster is None else copy.deepcopy(dict(ray_cluster))
+        kept = None if ray_cluster is None else cached_ray_cluster(ray_cluster)
         with self._lock:
             if kept is None:
                 self._ray_clusters.pop(key, None)
@@ -126,6 +127,58 @@ class Runtime:
         """EnvPool ``key`` is no longer autoscaled: its window goes."""
         with self._lock:
             self._stabilizers.pop(key, None)
+
+
+#: Kept of a RayCluster's metadata between events (what the status and the ownership
+#: checks read).
+_RC_META: Final = ("name", "namespace", "uid", "generation", "annotations", "labels",
+                   "deletionTimestamp", "ownerReferences", "resourceVersion")
+
+
+def cached_ray_cluster(rc: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a RayCluster the operator keeps between events (a deep copy).
+
+    The status, the metadata above and the worker groups' sizes: what
+    :func:`compute` and :func:`workers_for` read. The pod templates and
+    managedFields, most of the object, are left out: with a thousand pools the
+    full objects were most of the operator's memory.
+
+        >>> rc = {"metadata": {"name": "cp", "generation": 2, "managedFields": [{}]},
+        ...       "spec": {"headGroupSpec": {"template": {}}, "workerGroupSpecs": [
+        ...           {"groupName": "envs", "replicas": 3, "template": {}}]},
+        ...       "status": {"state": "ready"}}
+        >>> cached_ray_cluster(rc)
+        {'metadata': {'name': 'cp', 'generation': 2}, 'spec': {'workerGroupSpecs': [{'groupName': 'envs', 'replicas': 3}]}, 'status': {'state': 'ready'}}
+    """
+    meta = rc.get("metadata") or {}
+    groups = [{k: g[k] for k in ("groupName", "replicas", "scaleStrategy") if k in g}
+              for g in (rc.get("spec") or {}).get("workerGroupSpecs") or ()]
+    return copy.deepcopy({
+        "metadata": {k: meta[k] for k in _RC_META if k in meta},
+        "spec": {"workerGroupSpecs": groups},
+        "status": rc.get("status") or {},
+    })
+
+
+def cached_pool(body: Mapping[str, Any]) -> dict[str, Any]:
+    """An EnvPool as the operator keeps it between events: a deep copy without
+    ``managedFields`` and kopf's copy of the last handled spec (an annotation only
+    kopf reads, from the body it is handed).
+
+        >>> cached_pool({"metadata": {"name": "cp", "managedFields": [{}], "annotations": {
+        ...     "envpool.dev/last-handled-configuration": "{}", "team": "a"}}, "spec": {}})
+        {'metadata': {'name': 'cp', 'annotations': {'team': 'a'}}, 'spec': {}}
+    """
+    out = {k: v for k, v in body.items() if k != "metadata"}
+    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+    if "annotations" in meta:
+        meta["annotations"] = {k: v for k, v in meta["annotations"].items()
+                               if k != _KOPF_LAST_HANDLED}
+    return copy.deepcopy({"metadata": meta, **out})
+
+
+#: kopf's diffbase annotation (handlers.configure sets its prefix and key).
+_KOPF_LAST_HANDLED: Final = "envpool.dev/last-handled-configuration"
 
 
 def every_pool(runtime: Runtime, stop: threading.Event, period: float,

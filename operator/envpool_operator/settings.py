@@ -40,6 +40,10 @@ class Settings:
     #: re-evaluates its pool at once (scale-ups are event-driven); the passes let
     #: scale-down delays run out when no report arrives.
     autoscale_seconds: float = 5.0
+    #: Threads that run the handlers; each blocks on API calls. A burst of new
+    #: EnvPools (and the status refreshes of their RayClusters) waits for these: 8
+    #: bound 1,000 pools to ~3 reconciles/s against a slow API server (issue 34).
+    handler_threads: int = 32
     #: imagePullPolicy for pods the operator creates.
     image_pull_policy: str = "IfNotPresent"
 
@@ -56,6 +60,13 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{key} must be an integer, got {raw!r}") from None
+
+
+def _positive(env: Mapping[str, str], key: str, default: int) -> int:
+    value = _int(env, key, default)
+    if value < 1:
+        raise ValueError(f"{key} must be >= 1, got {value}")
+    return value
 
 
 def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
@@ -90,6 +101,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             env, "ENVPOOL_MAX_WORKERS_PER_POOL", Settings.max_workers_per_pool),
         autoscale_seconds=_seconds(env, "ENVPOOL_AUTOSCALE_SECONDS", Settings.autoscale_seconds),
         image_pull_policy=env.get("ENVPOOL_IMAGE_PULL_POLICY", "").strip() or "IfNotPresent",
+        handler_threads=_positive(env, "ENVPOOL_OPERATOR_THREADS", Settings.handler_threads),
     )
 
 

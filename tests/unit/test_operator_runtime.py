@@ -122,6 +122,7 @@ def test_handlers_register_with_kopf() -> None:
     "envpool_operator.status", "envpool_operator.metrics", "envpool_operator.names",
     "envpool_operator.pod_templates", "envpool_operator.access", "envpool_operator.settings",
     "remote_env.spec.pool_report",
+    "envpool_operator.runtime", "envpool_operator.reconcile", "envpool_operator.kube",
 ])
 def test_docstring_examples_run(module: str) -> None:
     import doctest

@@ -200,6 +200,7 @@ def lease_pool(
     wait_s: float = 0.0,
     replace_timeout_s: float = 300.0,
     trainer: str | None = None,
+    reclaim: bool = True,
     **kwargs: Any,
 ) -> PoolGrant:
     """Lease envs of the running pool ``name`` (``RemoteVectorEnv.from_pool``'s work).
@@ -222,6 +223,9 @@ def lease_pool(
         replace_timeout_s: how long a step waits for the pool server to replace a
             failed actor before raising.
         trainer: a name for this trainer in the pool's ``/status`` (default host:pid).
+        reclaim: record this process's Ray identity (:func:`holder`) with the lease,
+            so the pool server frees it as soon as Ray reports this actor or driver
+            dead; False: the lease ends only by ``close()`` or ``lease_timeout_s``.
         **kwargs: :class:`RemoteVectorEnv` options (``batch_wait_ms``, ``copy``,
             ``step_timeout_s``, ``registry``, ...). Defaults come from the pool spec;
             ``autoreset_mode`` must match the pool's.
@@ -254,7 +258,7 @@ def lease_pool(
                 ) from None
             time.sleep(0.5)
     who = trainer or f"{socket.gethostname()}:{os.getpid()}"
-    ray_holder = holder()
+    ray_holder = holder() if reclaim else ""
     lease = _acquire(registry, who, num_envs, lease_timeout_s, wait_s, ray_holder)
     keeper = _LeaseKeeper(registry, lease["lease_id"], who,
                           [s.slot for s in lease["slots"]], lease_timeout_s, lease["epoch"],
@@ -269,8 +273,8 @@ def lease_pool(
 def holder() -> str:
     """This process's Ray identity as a lease holder
     (:func:`~remote_env.pool.lease_rules.holder_id`): the actor it runs in, else its
-    job when it is the driver; "" otherwise (a task, a Ray client): such a lease ends
-    only by its ttl."""
+    job when it is the driver; "" otherwise (a task's worker dies without its job):
+    such a lease ends only by its ttl."""
     import ray
 
     try:

@@ -233,8 +233,10 @@ def test_leases_are_disjoint_expire_with_their_trainer_and_show_over_http(
                 import time
                 from remote_env import RemoteVectorEnv
                 attach = RemoteVectorEnv.from_pool
+                # reclaim=False: the ttl alone ends this lease (a reclaimed one is
+                # test_a_sigkilled_driver_trainers_lease_is_reclaimed_at_once)
                 envs = attach("lease", address={cluster.address!r}, num_envs=2,
-                              lease_timeout_s=3, trainer="doomed")
+                              lease_timeout_s=3, trainer="doomed", reclaim=False)
                 print("leased", envs.slots, flush=True)
                 time.sleep(600)
             """)],

@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from remote_env import errors, ray_connect
 from remote_env import spec as spec_mod
-from remote_env.pool import lease_actor, lease_rules
+from remote_env.pool import holders, lease_actor, lease_rules
 from remote_env.pool import slot as pool_slot
 
 log = logging.getLogger(__name__)
@@ -281,7 +281,9 @@ def holder() -> str:
         ctx = ray.get_runtime_context()
         worker = getattr(ctx, "worker", None)  # None: a Ray client's context
         is_driver = worker is not None and worker.mode == ray.SCRIPT_MODE
-        return lease_rules.holder_id(ctx.get_actor_id(), ctx.get_job_id(), is_driver)
+        actor_id = ctx.get_actor_id()
+        restarts = holders.actor_restarts(actor_id) if actor_id else None
+        return lease_rules.holder_id(actor_id, ctx.get_job_id(), is_driver, restarts)
     except Exception as exc:  # no identity: the ttl alone ends the lease
         log.debug("no Ray identity for the lease holder: %s", exc)
         return ""

@@ -9,8 +9,10 @@ back. The pool server asks Ray, on its tick and at most every
 :data:`PROBE_INTERVAL_S`, whether each holder is dead, and has the lease actor release
 the leases of the dead ones (:meth:`~remote_env.pool.lease_actor.LeaseActor.reclaim`).
 
-Only Ray's definite word counts: an actor Ray lists as ``DEAD``, a job Ray lists as
-dead. A holder Ray cannot tell about (not found, the GCS call failed, no identity)
+Only Ray's definite word counts: an actor Ray lists as ``DEAD``, or as restarted
+since it leased (its restart count grew: RLlib's EnvRunners have ``max_restarts``,
+and Ray counts the restart when the old process dies, before the new one can lease),
+a job Ray lists as dead. A holder Ray cannot tell about (not found, the GCS call failed, no identity)
 is left alone and its lease keeps its ttl. A holder that is alive but paused is
 never reclaimed here; the actors' epoch fences handle it as before.
 
@@ -36,14 +38,41 @@ PROBE_INTERVAL_S: Final = 1.0
 Probe = Callable[[list[str]], set[str]]
 
 
-def dead_from_tables(holders: Iterable[str], actor_states: Mapping[str, str],
+def actor_died(holder: str, entry: Mapping[str, Any] | None) -> bool:
+    """Whether the incarnation of the actor that leased (``holder``) is gone, by its
+    entry in Ray's actor table (None: not found, cannot tell)."""
+    if not entry:
+        return False
+    _, restarts = lease_rules.actor_holder(holder)
+    if entry.get("State") == "DEAD":
+        return True
+    # Not the process state or pid: a restarted EnvRunner leases in its constructor,
+    # while Ray still shows it RESTARTING (seen: the old pid for 0.3 s, then the new).
+    return restarts is not None and int(entry.get("NumRestarts") or 0) > restarts
+
+
+def actor_restarts(actor_id: str) -> int | None:
+    """How often Ray has restarted actor ``actor_id`` so far (None: cannot tell); a
+    trainer in an actor records it with its lease (:func:`lease_rules.holder_id`)."""
+    from ray._private import state
+
+    try:
+        info: dict[str, Any] = state.actors(actor_id=actor_id)
+        return int(info["NumRestarts"]) if info else None
+    except Exception as exc:  # the holder is still recorded, DEAD alone then counts
+        log.debug("actor %s: actor table read failed: %s", actor_id, exc)
+        return None
+
+
+def dead_from_tables(holders: Iterable[str], actors: Mapping[str, Mapping[str, Any]],
                      jobs: Mapping[str, bool]) -> set[str]:
-    """The holders the tables say died: an actor whose state is ``DEAD``, a job marked
-    dead. A holder missing from the tables, or of an unknown kind, is not dead."""
+    """The holders the tables say died: an actor incarnation that is gone
+    (:func:`actor_died`; ``actors`` by actor id), a job marked dead. A holder missing
+    from the tables, or of an unknown kind, is not dead."""
     dead: set[str] = set()
     for h in holders:
-        actor = h.startswith(lease_rules.ACTOR_HOLDER) and actor_states.get(
-            h.removeprefix(lease_rules.ACTOR_HOLDER)) == "DEAD"
+        actor = h.startswith(lease_rules.ACTOR_HOLDER) and actor_died(
+            h, actors.get(lease_rules.actor_holder(h)[0]))
         job = h.startswith(lease_rules.JOB_HOLDER) and jobs.get(
             h.removeprefix(lease_rules.JOB_HOLDER)) is True
         if actor or job:
@@ -56,18 +85,18 @@ def ray_probe(holders: list[str]) -> set[str]:
     that fails counts as "cannot tell" for the holders it was for."""
     from ray._private import state
 
-    actor_states: dict[str, str] = {}
+    actors: dict[str, dict[str, Any]] = {}
     for h in holders:
         if not h.startswith(lease_rules.ACTOR_HOLDER):
             continue
-        actor_id = h.removeprefix(lease_rules.ACTOR_HOLDER)
+        actor_id = lease_rules.actor_holder(h)[0]
         try:
             info: dict[str, Any] = state.actors(actor_id=actor_id)
         except Exception as exc:  # cannot tell: the ttl still applies
             log.debug("holder %s: actor table read failed: %s", h, exc)
             continue
         if info:
-            actor_states[actor_id] = str(info.get("State", ""))
+            actors[actor_id] = info
     jobs: dict[str, bool] = {}
     if any(h.startswith(lease_rules.JOB_HOLDER) for h in holders):
         try:
@@ -75,7 +104,7 @@ def ray_probe(holders: list[str]) -> set[str]:
                     for j in state.jobs()}  # type: ignore[no-untyped-call]
         except Exception as exc:
             log.debug("job table read failed: %s", exc)
-    return dead_from_tables(holders, actor_states, jobs)
+    return dead_from_tables(holders, actors, jobs)
 
 
 class HolderWatch:

@@ -49,15 +49,28 @@ ACTOR_HOLDER: Final = "actor:"
 JOB_HOLDER: Final = "job:"
 
 
-def holder_id(actor_id: str | None, job_id: str | None, is_driver: bool) -> str:
+def holder_id(actor_id: str | None, job_id: str | None, is_driver: bool,
+              restarts: int | None = None) -> str:
     """The Ray identity whose death ends a lease: the actor the trainer runs in, else
     the job of a driver; "" for anything else (a task's worker dies without its job:
-    only the ttl can tell)."""
+    only the ttl can tell).
+
+    An actor holder names its incarnation too (``#<restarts>``, Ray's restart count of
+    the actor when it leased): Ray restarts an actor with ``max_restarts`` (RLlib's
+    EnvRunners) under the same actor id, and that restart must free its
+    predecessor's lease."""
     if actor_id:
-        return ACTOR_HOLDER + actor_id
+        return ACTOR_HOLDER + actor_id + ("" if restarts is None else f"#{restarts}")
     if is_driver and job_id:
         return JOB_HOLDER + job_id
     return ""
+
+
+def actor_holder(holder: str) -> tuple[str, int | None]:
+    """(actor id, its restart count when it leased; None: not recorded) of an actor
+    holder."""
+    actor_id, _, restarts = holder.removeprefix(ACTOR_HOLDER).partition("#")
+    return actor_id, int(restarts) if restarts.isdigit() else None
 
 
 def holders_to_probe(leases: Iterable[Mapping[str, Any]]) -> list[str]:

@@ -1082,7 +1082,8 @@ def test_a_sigkilled_trainer_actors_lease_is_reclaimed_at_once(cluster: Cluster,
         runner = _trainer_actor_class().remote()
         slots, pid = ray.get(runner.attach.remote("reclaim-actor", 4), timeout=60)
         st = _status(server.url, "?detail=1")
-        assert [x["holder"] for x in st["leases"]] == [f"actor:{runner._actor_id.hex()}"]
+        [held] = [x["holder"] for x in st["leases"]]
+        assert held == f"actor:{runner._actor_id.hex()}#0"
         os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
         waited = _reattach_after_kill("reclaim-actor", slots, killed_at)

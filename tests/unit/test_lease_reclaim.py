@@ -18,7 +18,10 @@ def _slots(*sizes: int) -> list[SlotInfo]:
 
 def test_holder_is_the_actor_else_a_drivers_job_else_unknown() -> None:
     assert lease_rules.holder_id("ab12", "01000000", is_driver=False) == "actor:ab12"
-    assert lease_rules.holder_id("ab12", "01000000", is_driver=True) == "actor:ab12"
+    held = lease_rules.holder_id("ab12", "01000000", True, restarts=0)
+    assert held == "actor:ab12#0"
+    assert lease_rules.actor_holder(held) == ("ab12", 0)
+    assert lease_rules.actor_holder("actor:ab12") == ("ab12", None)
     assert lease_rules.holder_id(None, "01000000", is_driver=True) == "job:01000000"
     # a task's worker dies without its job: no identity, the ttl alone ends the lease
     assert lease_rules.holder_id(None, "01000000", is_driver=False) == ""
@@ -49,11 +52,32 @@ def test_an_older_record_without_holders_still_loads() -> None:
     assert [x.holder for x in lease_store.load_book(doc, 2.0).leases] == ["", "actor:q"]
 
 
+def _actor(state: str, restarts: int = 0) -> dict[str, object]:
+    return {"State": state, "NumRestarts": restarts, "Pid": 7}
+
+
 def test_dead_from_tables_needs_rays_definite_word() -> None:
-    held = ["actor:a", "actor:b", "actor:gone", "job:01", "job:02", "job:09", "node:z"]
-    dead = holders.dead_from_tables(held, {"a": "DEAD", "b": "RESTARTING"},
-                                    {"01": True, "02": False})
-    assert dead == {"actor:a", "job:01"}
+    held = ["actor:a", "actor:b", "actor:c", "actor:gone", "job:01", "job:02", "job:09",
+            "node:z"]
+    dead = holders.dead_from_tables(
+        held, {"a": _actor("DEAD"), "b": _actor("RESTARTING"), "c": _actor("ALIVE")},
+        {"01": True, "02": False})
+    assert dead == {"actor:a", "job:01"}  # b: no incarnation recorded, only DEAD tells
+
+
+def test_an_actor_ray_restarted_in_a_new_process_is_a_dead_holder() -> None:
+    # RLlib's EnvRunners: Ray restarts the actor under the same id (max_restarts)
+    first = "actor:a#0"
+    assert not holders.actor_died(first, _actor("ALIVE", 0))
+    assert holders.actor_died(first, _actor("RESTARTING", 1))
+    assert holders.actor_died(first, _actor("ALIVE", 1))
+    # the new incarnation leases in its constructor, while Ray still says RESTARTING
+    assert not holders.actor_died("actor:a#1", _actor("RESTARTING", 1))
+    assert not holders.actor_died("actor:a#1", _actor("ALIVE", 1))
+    assert holders.actor_died("actor:a", _actor("DEAD", 0))
+    assert not holders.actor_died("actor:a", _actor("ALIVE", 3))  # no count: only DEAD tells
+    assert not holders.actor_died(first, _actor("PENDING_CREATION"))
+    assert not holders.actor_died(first, None)
 
 
 class _Probe:

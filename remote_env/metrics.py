@@ -92,6 +92,10 @@ class _Families:
             "envpool_actor_restarts", "Env actors re-created after dying or hanging.", ln,
             registry=registry,
         )
+        self.leases_reclaimed = Counter(
+            "envpool_leases_reclaimed", "Leases released early because their holder died.",
+            ln, registry=registry,
+        )
         self.states = _EnvStateCollector(labelnames)
         registry.register(self.states)
 
@@ -143,6 +147,7 @@ class PoolMetrics:
         self.failures = {r: self._f.failures.labels(*lv, r) for r in FAILURE_REASONS}
         self.env_restarts = self._f.env_restarts.labels(*lv)
         self.actor_restarts = self._f.actor_restarts.labels(*lv)
+        self.leases_reclaimed = self._f.leases_reclaimed.labels(*lv)
 
     def track_states(self, fn: StateFn) -> None:
         self._f.states.add(self._labels, fn)
@@ -175,7 +180,7 @@ class PoolMetrics:
         lv = self._labels
         self.untrack_states()
         for fam in (self._f.polls, self._f.batch, self._f.wait, self._f.steps,
-                    self._f.env_restarts, self._f.actor_restarts):
+                    self._f.env_restarts, self._f.actor_restarts, self._f.leases_reclaimed):
             fam.remove(*lv)
         for r in FAILURE_REASONS:
             self._f.failures.remove(*lv, r)

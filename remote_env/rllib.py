@@ -52,6 +52,10 @@ __all__ = ["MultiAgentVectorEnv", "RemoteMultiAgentEnvRunner", "VectorEnvCreator
 POOL_KEY = "pool"
 #: RLlib's runners expect NEXT_STEP: the step after an episode's end is its reset
 AUTORESET_MODE = AutoresetMode.NEXT_STEP
+#: ``wait_s`` of a runner leasing from a pool (unless given): a runner RLlib restarts
+#: after its predecessor died waits the second or two the pool server takes to reclaim
+#: that lease, rather than failing with LeaseError and leaving RLlib with no samples
+POOL_WAIT_S = 15.0
 
 MakeEnv = str | Callable[[dict[str, Any]], Any]
 
@@ -103,8 +107,9 @@ class VectorEnvCreator:
         env_config = dict(env_config)
         pool = env_config.pop(POOL_KEY, None) or self.pool
         if pool is not None:
+            options = {"wait_s": POOL_WAIT_S, **self.vector_kwargs}
             envs = RemoteVectorEnv.from_pool(pool, num_envs=num_envs,
-                                             autoreset_mode=AUTORESET_MODE, **self.vector_kwargs)
+                                             autoreset_mode=AUTORESET_MODE, **options)
             if envs.num_envs != num_envs:
                 # a pool leases whole actors: a sum of their sizes
                 got = envs.num_envs

@@ -7,8 +7,9 @@ trainers never share one) and returns a :class:`PoolGrant`: the actors, the leas
 the pool decides, from which the vector env is built (same API, same metrics, no extra
 hop: trainers call the actors directly). This module does not build the vector env
 itself, so the driver's imports run one way (the facade over this). A heartbeat thread renews the lease; ``close()`` releases it;
-a trainer that dies stops renewing and its lease expires after
-``lease_timeout_s``. When an actor dies or hangs, the trainer asks the pool
+a trainer that dies stops renewing; the pool server releases its lease as soon as
+Ray reports its holder dead (the Ray actor it runs in, e.g. an RLlib EnvRunner, or
+its driver's job: :func:`holder`), else it expires after ``lease_timeout_s``. When an actor dies or hangs, the trainer asks the pool
 server for the replacement rather than creating one (one owner of restarts).
 
 Example:
@@ -32,7 +33,7 @@ from typing import Any, Final
 
 from remote_env import errors, ray_connect
 from remote_env import spec as spec_mod
-from remote_env.pool import lease_actor
+from remote_env.pool import holders, lease_actor, lease_rules
 from remote_env.pool import slot as pool_slot
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,9 @@ class _LeaseKeeper:
     """
 
     def __init__(self, registry: Any, lease_id: str, trainer: str, slots: Sequence[int],
-                 ttl_s: float, epoch: int = 0) -> None:
+                 ttl_s: float, epoch: int = 0, holder: str = "") -> None:
         self.registry = registry
+        self.holder = holder
         self.lease_id = lease_id
         self.epoch = epoch
         self.trainer = trainer
@@ -83,7 +85,7 @@ class _LeaseKeeper:
         while not self._stop.wait(self.ttl_s / 3):
             try:
                 ok = ray.get(self.registry.renew.remote(self.lease_id, self.trainer, self.slots,
-                                                        self.ttl_s, self.epoch),
+                                                        self.ttl_s, self.epoch, self.holder),
                              timeout=self.ttl_s / 3)
             except Exception as exc:  # registry unreachable for now: try again next beat
                 log.warning("lease %s: renew failed: %s", self.lease_id[:8], exc)
@@ -198,6 +200,7 @@ def lease_pool(
     wait_s: float = 0.0,
     replace_timeout_s: float = 300.0,
     trainer: str | None = None,
+    reclaim: bool = True,
     **kwargs: Any,
 ) -> PoolGrant:
     """Lease envs of the running pool ``name`` (``RemoteVectorEnv.from_pool``'s work).
@@ -220,6 +223,9 @@ def lease_pool(
         replace_timeout_s: how long a step waits for the pool server to replace a
             failed actor before raising.
         trainer: a name for this trainer in the pool's ``/status`` (default host:pid).
+        reclaim: record this process's Ray identity (:func:`holder`) with the lease,
+            so the pool server frees it as soon as Ray reports this actor or driver
+            dead; False: the lease ends only by ``close()`` or ``lease_timeout_s``.
         **kwargs: :class:`RemoteVectorEnv` options (``batch_wait_ms``, ``copy``,
             ``step_timeout_s``, ``registry``, ...). Defaults come from the pool spec;
             ``autoreset_mode`` must match the pool's.
@@ -252,9 +258,11 @@ def lease_pool(
                 ) from None
             time.sleep(0.5)
     who = trainer or f"{socket.gethostname()}:{os.getpid()}"
-    lease = _acquire(registry, who, num_envs, lease_timeout_s, wait_s)
+    ray_holder = holder() if reclaim else ""
+    lease = _acquire(registry, who, num_envs, lease_timeout_s, wait_s, ray_holder)
     keeper = _LeaseKeeper(registry, lease["lease_id"], who,
-                          [s.slot for s in lease["slots"]], lease_timeout_s, lease["epoch"])
+                          [s.slot for s in lease["slots"]], lease_timeout_s, lease["epoch"],
+                          ray_holder)
     try:
         return _build(name, ns, registry, lease, keeper, replace_timeout_s, kwargs)
     except BaseException:
@@ -262,8 +270,27 @@ def lease_pool(
         raise
 
 
+def holder() -> str:
+    """This process's Ray identity as a lease holder
+    (:func:`~remote_env.pool.lease_rules.holder_id`): the actor it runs in, else its
+    job when it is the driver; "" otherwise (a task's worker dies without its job):
+    such a lease ends only by its ttl."""
+    import ray
+
+    try:
+        ctx = ray.get_runtime_context()
+        worker = getattr(ctx, "worker", None)  # None: a Ray client's context
+        is_driver = worker is not None and worker.mode == ray.SCRIPT_MODE
+        actor_id = ctx.get_actor_id()
+        restarts = holders.actor_restarts(actor_id) if actor_id else None
+        return lease_rules.holder_id(actor_id, ctx.get_job_id(), is_driver, restarts)
+    except Exception as exc:  # no identity: the ttl alone ends the lease
+        log.debug("no Ray identity for the lease holder: %s", exc)
+        return ""
+
+
 def _acquire(registry: Any, who: str, num_envs: int | None, ttl_s: float,
-             wait_s: float) -> dict[str, Any]:
+             wait_s: float, ray_holder: str = "") -> dict[str, Any]:
     import ray
 
     deadline = time.monotonic() + wait_s
@@ -273,7 +300,7 @@ def _acquire(registry: Any, who: str, num_envs: int | None, ttl_s: float,
     while True:
         try:
             lease: dict[str, Any] = ray.get(registry.acquire.remote(who, num_envs, ttl_s,
-                                                                    lease_id),
+                                                                    lease_id, ray_holder),
                                             timeout=max(0.0, deadline - time.monotonic())
                                             + ACQUIRE_TIMEOUT_S)
             return lease

@@ -101,7 +101,7 @@ _PRIVATE_SLOT_FIELDS: Final = ("actorId", "nodeId", "leasedBy")
 
 def public_status(status: Mapping[str, Any]) -> dict[str, Any]:
     """``/status`` for anyone who can reach the port: no lease ids, trainers, actor ids."""
-    out = {k: v for k, v in status.items() if k != "leases"}
+    out = {k: v for k, v in status.items() if k not in ("leases", "reclaimedLeases")}
     out["leaseCount"] = len(status.get("leases") or ())
     out["slots"] = [
         {**{k: v for k, v in slot.items() if k not in _PRIVATE_SLOT_FIELDS},

@@ -216,12 +216,15 @@ class LeaseActor:
 
     # --------------------------------------------------------------- trainers
     def acquire(self, trainer: str, num_envs: int | None, ttl_s: float,
-                lease_id: str | None = None) -> dict[str, Any]:
+                lease_id: str | None = None, holder: str = "") -> dict[str, Any]:
         """Lease free, ready actors holding exactly ``num_envs`` envs (all free ones if None).
 
         ``lease_id`` (the caller's, secret; a new one if None) makes a retry safe: a
         call whose answer was lost (the lease actor restarted meanwhile; Ray cannot
         say whether it ran) asked again gets the lease it was granted, not a second one.
+        ``holder`` is the caller's Ray identity
+        (:func:`~remote_env.pool.lease_rules.holder_id`; "" unknown): the pool server
+        reclaims the lease when Ray says it died (:meth:`reclaim`).
 
         Returns ``{"lease_id", "slots": [SlotInfo], "pool_info", "epoch"}``.
 
@@ -234,14 +237,14 @@ class LeaseActor:
             self._expire()
             granted = self._book.get(lease_id) if lease_id is not None else None
             answer = (self._regrant(granted, ttl_s) if granted is not None
-                      else self._grant(trainer, num_envs, ttl_s, lease_id))
+                      else self._grant(trainer, num_envs, ttl_s, lease_id, holder))
         # Outside the lock (a Ray call per actor); before returning, so the previous
         # holder's calls are refused before the new holder's first one.
         self._fencer(answer["slots"], answer["epoch"])
         return answer
 
     def _grant(self, trainer: str, num_envs: int | None, ttl_s: float,
-               lease_id: str | None) -> dict[str, Any]:
+               lease_id: str | None, holder: str) -> dict[str, Any]:
         """A new lease (the lock held)."""
         leased = self._book.leased_slots()
         chosen = lease_rules.choose(self._slots.values(), leased, num_envs,
@@ -249,7 +252,7 @@ class LeaseActor:
         if chosen is None:
             raise LeaseError(lease_rules.why_not(self._pool, self._slots, leased, num_envs))
         lease = self._book.grant(trainer, [s.slot for s in chosen], ttl_s, self._clock(),
-                                 self._epoch_clock(), lease_id)
+                                 self._epoch_clock(), lease_id, holder)
         self._leases_changed()
         return {"lease_id": lease.lease_id, "slots": chosen, "pool_info": dict(self._pool_info),
                 "epoch": lease.epoch}
@@ -265,7 +268,7 @@ class LeaseActor:
                 "pool_info": dict(self._pool_info), "epoch": lease.epoch}
 
     def renew(self, lease_id: str, trainer: str, slots: Sequence[int], ttl_s: float,
-              epoch: int = 0) -> bool:
+              epoch: int = 0, holder: str = "") -> bool:
         """Extend a lease by ``ttl_s``.
 
         A lease that expired (or that a restarted lease actor forgot) is granted again
@@ -279,7 +282,8 @@ class LeaseActor:
                 self._expire()
                 # generation 0: a restarted lease actor still waiting for the layout
                 lease = self._book.regrant(lease_id, trainer, slots, ttl_s, epoch, now,
-                                           present=self._slots if self._generation else None)
+                                           present=self._slots if self._generation else None,
+                                           holder=holder)
                 if lease is None:
                     return False
                 self._leases_changed()
@@ -293,6 +297,24 @@ class LeaseActor:
             if found:
                 self._leases_changed()
             return found
+
+    def reclaim(self, dead: Sequence[str]) -> list[dict[str, Any]]:
+        """Release the leases whose holders Ray says died (the pool server's word, from
+        :func:`~remote_env.pool.holders.probe`), so their envs are free at once rather
+        than after their ttl. Returns their summaries (ids shortened).
+
+        Nothing else changes: the actors keep their fences until the next grant
+        raises them, which is what refuses a holder that was only paused.
+        """
+        with self._cond:
+            gone = self._book.reclaim(set(dead))
+            if not gone:
+                return []
+            self._leases_changed()
+            shown: list[dict[str, Any]] = lease_rules.summary(gone, self._slots, {},
+                                                              self._clock())["leases"]
+            return shown
+
     def request_replace(self, slot: int, actor_id: str, reason: str, lease_id: str) -> bool:
         """Ask the pool server to replace ``slot``'s actor ``actor_id`` (dead or hung).
 

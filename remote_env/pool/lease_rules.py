@@ -31,6 +31,9 @@ class Lease:
     expires: float
     acquired: float
     epoch: int = 0
+    #: the holder's Ray identity (:func:`holder_id`; "" unknown): when Ray says it
+    #: died, the pool server reclaims the lease before its ttl runs out
+    holder: str = ""
 
 
 #: ``fencer(slots, epoch)``: raise the fence of the slots' actors to ``epoch``.
@@ -38,6 +41,41 @@ Fencer = Callable[[Sequence[SlotInfo], int], None]
 #: How long a grant waits for its actors to take the new fence (a busy actor answers
 #: after its current call; a hung one is the pool server's to replace).
 FENCE_TIMEOUT_S: Final = 10.0
+
+
+#: Prefixes of a holder identity: a Ray actor (the trainer runs inside one, e.g. an
+#: RLlib EnvRunner) or a Ray job (a driver process: its job ends when it dies).
+ACTOR_HOLDER: Final = "actor:"
+JOB_HOLDER: Final = "job:"
+
+
+def holder_id(actor_id: str | None, job_id: str | None, is_driver: bool,
+              restarts: int | None = None) -> str:
+    """The Ray identity whose death ends a lease: the actor the trainer runs in, else
+    the job of a driver; "" for anything else (a task's worker dies without its job:
+    only the ttl can tell).
+
+    An actor holder names its incarnation too (``#<restarts>``, Ray's restart count of
+    the actor when it leased): Ray restarts an actor with ``max_restarts`` (RLlib's
+    EnvRunners) under the same actor id, and that restart must free its
+    predecessor's lease."""
+    if actor_id:
+        return ACTOR_HOLDER + actor_id + ("" if restarts is None else f"#{restarts}")
+    if is_driver and job_id:
+        return JOB_HOLDER + job_id
+    return ""
+
+
+def actor_holder(holder: str) -> tuple[str, int | None]:
+    """(actor id, its restart count when it leased; None: not recorded) of an actor
+    holder."""
+    actor_id, _, restarts = holder.removeprefix(ACTOR_HOLDER).partition("#")
+    return actor_id, int(restarts) if restarts.isdigit() else None
+
+
+def holders_to_probe(leases: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The distinct known holders of ``leases`` (summaries), in first-seen order."""
+    return [h for h in dict.fromkeys(str(x.get("holder") or "") for x in leases) if h]
 
 
 class LeaseError(RuntimeError):
@@ -142,6 +180,8 @@ def summary(leases: Sequence[Lease], slots: Mapping[int, SlotInfo],
             "envs": sum(slots[s].num_envs for s in lease.slots if s in slots),
             "expires_in_s": round(lease.expires - now, 3),
             "age_s": round(now - lease.acquired, 3),
+            # the Ray identity the pool server probes (absent: unknown, ttl only)
+            **({"holder": lease.holder} if lease.holder else {}),
         }
         for lease in leases
     ]
@@ -197,11 +237,11 @@ class LeaseBook:
         return bool(expired)
 
     def grant(self, trainer: str, slots: Sequence[int], ttl_s: float, now: float,
-              wall_epoch: int, lease_id: str | None = None) -> Lease:
+              wall_epoch: int, lease_id: str | None = None, holder: str = "") -> Lease:
         """A new lease on ``slots`` (chosen by :func:`choose`), at a new, larger epoch."""
         self._last_epoch = max(self._last_epoch + 1, wall_epoch)
         lease = Lease(lease_id or uuid.uuid4().hex, trainer, list(slots), ttl_s, now + ttl_s,
-                      now, self._last_epoch)
+                      now, self._last_epoch, holder)
         self._leases[lease.lease_id] = lease
         for s in slots:
             self._slot_epoch[s] = lease.epoch
@@ -213,7 +253,8 @@ class LeaseBook:
         lease.expires = now + ttl_s
 
     def regrant(self, lease_id: str, trainer: str, slots: Sequence[int], ttl_s: float,
-                epoch: int, now: float, *, present: Collection[int] | None) -> Lease | None:
+                epoch: int, now: float, *, present: Collection[int] | None,
+                holder: str = "") -> Lease | None:
         """A lease this book no longer holds (expired, or lost with a restarted book)
         granted again as it was: only when nobody took its actors meanwhile (none
         leased, none granted at a later epoch) and every actor is still in the
@@ -223,7 +264,7 @@ class LeaseBook:
         if any(s in taken or (present is not None and s not in present)
                or self._slot_epoch.get(s, epoch) != epoch for s in slots):
             return None
-        lease = Lease(lease_id, trainer, list(slots), ttl_s, now, now, epoch)
+        lease = Lease(lease_id, trainer, list(slots), ttl_s, now, now, epoch, holder)
         self._leases[lease_id] = lease
         for s in slots:
             self._slot_epoch[s] = epoch
@@ -231,3 +272,14 @@ class LeaseBook:
 
     def release(self, lease_id: str) -> bool:
         return self._leases.pop(lease_id, None) is not None
+
+    def reclaim(self, dead: Collection[str]) -> list[Lease]:
+        """Drop the leases whose holder is in ``dead`` (Ray says it died); returns them.
+
+        Epochs are left as they are: the next grant of those actors fences them as
+        any grant does, and a lease with no known holder ("") is never matched.
+        """
+        gone = [lease for lease in self._leases.values() if lease.holder and lease.holder in dead]
+        for lease in gone:
+            del self._leases[lease.lease_id]
+        return gone

@@ -99,7 +99,7 @@ class Book:
 def dump_book(leases: Iterable[Lease], slot_epoch: Mapping[int, int], last_epoch: int) -> str:
     return json.dumps({
         "leases": [{"lease_id": x.lease_id, "trainer": x.trainer, "slots": list(x.slots),
-                    "ttl_s": x.ttl_s, "epoch": x.epoch} for x in leases],
+                    "ttl_s": x.ttl_s, "epoch": x.epoch, "holder": x.holder} for x in leases],
         "slot_epoch": {str(s): e for s, e in slot_epoch.items()},
         "last_epoch": last_epoch,
     })
@@ -112,8 +112,10 @@ def load_book(doc: str | None, now: float) -> Book:
     if not doc:
         return Book()
     raw = json.loads(doc)
+    # "holder" came later: an older record's leases have none (ttl only)
     leases = tuple(Lease(x["lease_id"], x["trainer"], [int(s) for s in x["slots"]],
-                         float(x["ttl_s"]), now + float(x["ttl_s"]), now, int(x["epoch"]))
+                         float(x["ttl_s"]), now + float(x["ttl_s"]), now, int(x["epoch"]),
+                         str(x.get("holder") or ""))
                    for x in raw.get("leases", []))
     return Book(leases, {int(s): int(e) for s, e in raw.get("slot_epoch", {}).items()},
                 int(raw.get("last_epoch", 0)))

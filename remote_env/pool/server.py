@@ -50,13 +50,23 @@ from prometheus_client import CollectorRegistry
 
 from remote_env import spec as spec_mod
 from remote_env.metrics import PoolMetrics
-from remote_env.pool import http_server, launch, lease_actor, lease_store, slot, supervisor
+from remote_env.pool import (
+    holders,
+    http_server,
+    launch,
+    lease_actor,
+    lease_store,
+    slot,
+    supervisor,
+)
 from remote_env.pool import snapshot as snapshot_mod
 
 log = logging.getLogger(__name__)
 
 #: Seconds between reads of Ray's node table (a GCS call) for the worker host names.
 NODES_REFRESH_S = 5.0
+#: Reclaimed leases kept for ``/status?detail=1`` (newest last).
+RECLAIMED_SHOWN = 10
 
 
 class PoolServer:
@@ -73,6 +83,8 @@ class PoolServer:
             (throttling is its business); see :class:`~remote_env.pool.kube_report.KubeStatusReporter`.
         metrics_namespace: adds a ``namespace`` label to the metrics (in-cluster).
         actor_options: extra Ray options for the env actors.
+        holder_watch: tells which lease holders died, rate-limited (default: asks
+            Ray's GCS at most every :data:`~remote_env.pool.holders.PROBE_INTERVAL_S`).
 
     Requires a connected Ray (``ray.init(address=...)``).
     """
@@ -90,6 +102,7 @@ class PoolServer:
         metrics_namespace: str | None = None,
         actor_options: Mapping[str, Any] | None = None,
         env_resource: bool | None = None,
+        holder_watch: holders.HolderWatch | None = None,
     ) -> None:
         if health_interval_s <= 0:
             raise ValueError(f"health_interval_s must be > 0, got {health_interval_s}")
@@ -122,6 +135,10 @@ class PoolServer:
         self._hosts: dict[str, str] = {}
         self._hosts_at = -NODES_REFRESH_S
         self._requests: list[lease_actor.Replacement] = []
+        self._holder_watch = holder_watch if holder_watch is not None else holders.HolderWatch()
+        #: leases released because their holder died: how many, and the latest
+        self._reclaimed_count = 0
+        self._reclaimed: list[dict[str, Any]] = []
         #: The supervisor's layout version last published (None: publish on the next
         #: tick) and the lease actor's layout generation that publication made.
         self._published_version: int | None = None
@@ -308,6 +325,7 @@ class PoolServer:
         elif sync.generation != self._published_generation:
             self._published_version = None  # the lease actor restarted and lost the layout
         self._take_sync(sync)
+        self._reclaim_dead_holders(time.monotonic())
         self._last_tick = time.monotonic()
         self._update_snapshot(self._last_tick)
         if self._reporter is not None:
@@ -319,6 +337,27 @@ class PoolServer:
         self._requests = [*self._requests, *sync.requests]
         self._leased = dict(sync.leased_slots)
         self._leases = list(sync.leases)
+
+    def _reclaim_dead_holders(self, now: float) -> None:
+        """Release the leases of holders Ray says died (rate-limited by the watch), so a
+        SIGKILLed trainer's envs are free now rather than after its ttl."""
+        dead = self._holder_watch.dead(self._leases, now)
+        if not dead:
+            return
+        gone: list[dict[str, Any]] = list(self._lease_actor_call("reclaim", sorted(dead)))
+        if not gone:
+            return
+        for lease in gone:
+            log.warning("pool %s: lease %s of trainer %r reclaimed: its holder %s died",
+                        self.spec.name, lease["lease_id"], lease["trainer"],
+                        lease.get("holder"))
+            self.metrics.leases_reclaimed.inc()
+        self._reclaimed_count += len(gone)
+        self._reclaimed = [*self._reclaimed, *gone][-RECLAIMED_SHOWN:]
+        # shown free now, not after the next sync
+        ids = {lease["lease_id"] for lease in gone}
+        self._leases = [x for x in self._leases if x["lease_id"] not in ids]
+        self._leased = {s: i for s, i in self._leased.items() if i not in ids}
 
     def _server_sync(self, layout: list[slot.SlotInfo] | None, pool_info: dict[str, Any] | None,
                      timeout: float) -> lease_actor.ServerSync:
@@ -382,7 +421,8 @@ class PoolServer:
             slots=self.supervisor.slots(),
             leased=self._leased, leases=self._leases, hosts=self._hosts,
             last_error=self.supervisor.last_error, healthy=self.healthy(),
-            spec_version=self._spec_applied)
+            spec_version=self._spec_applied, reclaimed=self._reclaimed,
+            reclaimed_count=self._reclaimed_count)
         with self._snapshot_lock:
             self._snapshot = snap
 

@@ -45,8 +45,12 @@ def workers(slots: Sequence[ActorSlot], leased: Mapping[int, str],
 def snapshot(spec: spec_mod.PoolSpec, *, ray_namespace: str, slots: Sequence[ActorSlot],
              leased: Mapping[int, str], leases: Sequence[Mapping[str, Any]],
              hosts: Mapping[str, str], last_error: str, healthy: bool,
-             spec_version: int) -> dict[str, Any]:
-    """The ``/status`` document of a pool whose actors are ``slots`` (in slot order)."""
+             spec_version: int, reclaimed: Sequence[Mapping[str, Any]] = (),
+             reclaimed_count: int = 0) -> dict[str, Any]:
+    """The ``/status`` document of a pool whose actors are ``slots`` (in slot order).
+
+    ``reclaimed``: the latest leases released because their holder died (newest
+    last), ``reclaimed_count`` how many since this pool server started."""
     by_state = {"ready": 0, "starting": 0, "backoff": 0, "failed": 0}
     for s in slots:
         by_state[s.state] += s.num_envs
@@ -92,6 +96,9 @@ def snapshot(spec: spec_mod.PoolSpec, *, ray_namespace: str, slots: Sequence[Act
             for s in slots
         ],
         "leases": [dict(lease) for lease in leases],
+        # a dead holder's lease released before its ttl (holders.py)
+        "leasesReclaimed": reclaimed_count,
+        "reclaimedLeases": [dict(lease) for lease in reclaimed],
     }
 
 

@@ -233,8 +233,10 @@ def test_leases_are_disjoint_expire_with_their_trainer_and_show_over_http(
                 import time
                 from remote_env import RemoteVectorEnv
                 attach = RemoteVectorEnv.from_pool
+                # reclaim=False: the ttl alone ends this lease (a reclaimed one is
+                # test_a_sigkilled_driver_trainers_lease_is_reclaimed_at_once)
                 envs = attach("lease", address={cluster.address!r}, num_envs=2,
-                              lease_timeout_s=3, trainer="doomed")
+                              lease_timeout_s=3, trainer="doomed", reclaim=False)
                 print("leased", envs.slots, flush=True)
                 time.sleep(600)
             """)],
@@ -1022,4 +1024,152 @@ def test_an_actor_that_died_while_no_pool_server_ran_is_restarted_in_its_slot(
     finally:
         if envs is not None:
             envs.close()
+        _destroy(server)
+
+
+# ------------------------------- a dead holder's lease reclaimed before its ttl (#33)
+def _trainer_actor_class() -> Any:
+    """A trainer inside a Ray actor, as an RLlib EnvRunner is (defined here: pickled
+    by value, the workers need not import this module)."""
+
+    @ray.remote(num_cpus=0)
+    class TrainerActor:
+        def attach(self, pool: str, num_envs: int) -> tuple[list[int], int]:
+            from remote_env import RemoteVectorEnv
+
+            self.envs = RemoteVectorEnv.from_pool(pool, num_envs=num_envs, lease_timeout_s=60,
+                                                  trainer="runner")
+            self.envs.reset(seed=0)
+            return list(self.envs.slots), os.getpid()
+
+        def step(self) -> int:
+            self.envs.step(np.zeros(self.envs.num_envs, dtype=np.int64))
+            return int(self.envs.num_envs)
+
+    return TrainerActor
+
+
+def _reclaim_counter(url: str, pool: str) -> float:
+    _, text = _get(url + "/metrics")
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "envpool_leases_reclaimed_total" and s.labels.get("pool") == pool)
+
+
+def _reattach_after_kill(pool: str, slots: list[int], killed_at: float) -> float:
+    """A second trainer asks for the dead one's envs; returns how long after the kill
+    it got them (the ttl is 60 s)."""
+    with pytest.raises(lease_actor.LeaseError, match="cannot lease num_envs=4"):
+        attach(pool, num_envs=4)  # nothing free but the dead holder's envs
+    b = attach(pool, num_envs=4, wait_s=15, trainer="runner-restarted")
+    waited = time.monotonic() - killed_at
+    try:
+        assert b.slots == slots
+        b.reset(seed=1)
+        b.step(np.zeros(4, dtype=np.int64))
+    finally:
+        b.close()
+    return waited
+
+
+def test_a_sigkilled_trainer_actors_lease_is_reclaimed_at_once(cluster: Cluster,
+                                                               tmp_path: Path) -> None:
+    """An EnvRunner-like actor holding every env with lease_timeout_s=60 is SIGKILLed:
+    the pool server sees its actor dead and frees its lease; a restarted runner gets
+    the same envs within seconds, and /status and /metrics say a lease was reclaimed."""
+    server = _server(_spec("reclaim-actor", tmp_path / "constructed", replicas=4, per_actor=2))
+    try:
+        server.wait_ready(60)
+        runner = _trainer_actor_class().remote()
+        slots, pid = ray.get(runner.attach.remote("reclaim-actor", 4), timeout=60)
+        st = _status(server.url, "?detail=1")
+        [held] = [x["holder"] for x in st["leases"]]
+        assert held == f"actor:{runner._actor_id.hex()}#0"
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        waited = _reattach_after_kill("reclaim-actor", slots, killed_at)
+        print(f"actor holder: envs back {waited:.2f}s after SIGKILL (ttl 60s)")
+        assert waited < 10, waited
+        st = _status(server.url, "?detail=1")
+        assert st["leasesReclaimed"] == 1
+        assert [x["trainer"] for x in st["reclaimedLeases"]] == ["runner"]
+        plain = _status(server.url)
+        assert plain["leasesReclaimed"] == 1 and "reclaimedLeases" not in plain
+        assert _reclaim_counter(server.url, "reclaim-actor") == 1
+    finally:
+        _destroy(server)
+
+
+def test_a_sigkilled_driver_trainers_lease_is_reclaimed_at_once(cluster: Cluster,
+                                                                tmp_path: Path) -> None:
+    """A trainer that is a driver of its own (a subprocess: its own Ray job) is
+    SIGKILLed: Ray marks its job dead and its lease is freed, far sooner than the ttl."""
+    server = _server(_spec("reclaim-job", tmp_path / "constructed", replicas=4, per_actor=2))
+    try:
+        server.wait_ready(60)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(f"""
+                import json, time
+                from remote_env import RemoteVectorEnv
+                envs = RemoteVectorEnv.from_pool("reclaim-job", address={cluster.address!r},
+                                                 num_envs=4, lease_timeout_s=60,
+                                                 trainer="driver")
+                print("leased", json.dumps(envs.slots), flush=True)
+                time.sleep(600)
+            """)],
+            stdout=subprocess.PIPE, text=True,
+        )
+        try:
+            line = proc.stdout.readline() if proc.stdout else ""
+            assert line.startswith("leased"), line
+            slots = json.loads(line.split(" ", 1)[1])
+            st = _status(server.url, "?detail=1")
+            assert [x["holder"][:4] for x in st["leases"]] == ["job:"]
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        killed_at = time.monotonic()
+        waited = _reattach_after_kill("reclaim-job", slots, killed_at)
+        print(f"driver holder: envs back {waited:.2f}s after SIGKILL (ttl 60s)")
+        assert waited < 10, waited
+        assert _status(server.url)["leasesReclaimed"] == 1
+    finally:
+        _destroy(server)
+
+
+def test_a_live_holders_lease_is_never_reclaimed(cluster: Cluster, tmp_path: Path) -> None:
+    """A live actor holder and a live driver holder (this process) keep their leases
+    through many probes of Ray (every server tick here)."""
+    from remote_env.pool import holders
+
+    probes: list[set[str]] = []
+
+    def probe(held: list[str]) -> set[str]:
+        dead = holders.ray_probe(held)
+        probes.append(dead)
+        return dead
+
+    server = PoolServer(spec.parse_manifest(_spec("reclaim-live", tmp_path / "constructed",
+                                                  replicas=4, per_actor=2)),
+                        http_port=0, health_interval_s=0.3,
+                        holder_watch=holders.HolderWatch(probe, interval_s=0.0))
+    server.start_background()
+    try:
+        server.wait_ready(60)
+        runner = _trainer_actor_class().remote()
+        slots, _ = ray.get(runner.attach.remote("reclaim-live", 2), timeout=60)
+        mine = attach("reclaim-live", num_envs=2, trainer="driver")
+        mine.reset(seed=0)
+        st = _status(server.url, "?detail=1")
+        assert sorted(x["holder"].split(":")[0] for x in st["leases"]) == ["actor", "job"]
+        seen = len(probes)
+        wait_for(lambda: len(probes) >= seen + 8, 30, "eight more probes of the holders")
+        assert all(not dead for dead in probes), probes
+        st = _status(server.url)
+        assert st["leasedEnvs"] == 4 and st["leasesReclaimed"] == 0
+        assert ray.get(runner.step.remote(), timeout=30) == 2  # still its envs
+        mine.step(np.zeros(2, dtype=np.int64))
+        assert sorted([*slots, *mine.slots]) == [0, 1]
+        mine.close()
+        ray.kill(runner)
+    finally:
         _destroy(server)

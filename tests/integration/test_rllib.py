@@ -8,7 +8,10 @@ multi-agent runner on the PettingZoo example env.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -110,6 +113,41 @@ def test_ppo_trains_on_a_warm_pools_envs_and_hands_them_back(
     finally:
         algo.stop()
     wait_for(lambda: cartpole_pool.status()["leasedEnvs"] == 0, 30, "lease released")
+
+
+def test_a_sigkilled_env_runner_gets_its_envs_back_at_once_and_sampling_goes_on(
+        cartpole_pool: PoolServer) -> None:
+    """The runner holds every env of the pool (no spare) with the default 60 s lease;
+    its process is SIGKILLed. RLlib restarts it, the pool server has reclaimed the
+    dead runner's lease meanwhile, and the new runner leases the same envs: training
+    samples again within seconds, not after the lease's ttl."""
+    rllib.register("pooled-cartpole-restart", pool="rllib-cartpole")
+    algo = (_ppo("pooled-cartpole-restart")
+            .fault_tolerance(restart_failed_env_runners=True)
+            .build_algo())
+    try:
+        sampled = _sampled(algo.train())
+        assert sampled >= BATCH and cartpole_pool.status()["leasedEnvs"] == 4
+        [pid] = algo.env_runner_group.foreach_env_runner(lambda r: os.getpid(),
+                                                         local_env_runner=False)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        deadline = killed_at + 45
+        while True:
+            now_sampled = _sampled(algo.train())
+            if now_sampled > sampled:
+                break
+            assert time.monotonic() < deadline, "no samples since the runner was killed"
+        resumed = time.monotonic() - killed_at
+        print(f"RLlib runner: sampling again {resumed:.2f}s after SIGKILL (ttl 60s)")
+        assert resumed < 30, resumed
+        [new_pid] = algo.env_runner_group.foreach_env_runner(lambda r: os.getpid(),
+                                                             local_env_runner=False)
+        assert new_pid != pid
+        status = cartpole_pool.status()
+        assert status["leasesReclaimed"] == 1 and status["leasedEnvs"] == 4
+    finally:
+        algo.stop()
 
 
 def test_multi_agent_ppo_trains_two_policies_through_the_shipped_runner() -> None:

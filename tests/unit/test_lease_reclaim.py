@@ -1,0 +1,127 @@
+"""Lease reclaim (#33): a dead holder's lease released before its ttl; pure parts
+(holder identity, the reclaim rule, the old record, the rate-limited watch) and the
+lease actor in-process."""
+
+from __future__ import annotations
+
+import json
+
+from remote_env.pool import holders, lease_rules, lease_store
+from remote_env.pool.lease_actor import LeaseActor
+from remote_env.pool.lease_rules import LeaseBook
+from remote_env.pool.slot import SlotInfo
+
+
+def _slots(*sizes: int) -> list[SlotInfo]:
+    return [SlotInfo(i, f"host-{i:05d}-g1", f"id{i}-1", n, "ready") for i, n in enumerate(sizes)]
+
+
+def test_holder_is_the_actor_else_a_drivers_job_else_unknown() -> None:
+    assert lease_rules.holder_id("ab12", "01000000", is_driver=False) == "actor:ab12"
+    held = lease_rules.holder_id("ab12", "01000000", True, restarts=0)
+    assert held == "actor:ab12#0"
+    assert lease_rules.actor_holder(held) == ("ab12", 0)
+    assert lease_rules.actor_holder("actor:ab12") == ("ab12", None)
+    assert lease_rules.holder_id(None, "01000000", is_driver=True) == "job:01000000"
+    # a task's worker dies without its job: no identity, the ttl alone ends the lease
+    assert lease_rules.holder_id(None, "01000000", is_driver=False) == ""
+    assert lease_rules.holders_to_probe([{"holder": "job:1"}, {}, {"holder": "job:1"},
+                                         {"holder": "actor:a"}]) == ["job:1", "actor:a"]
+
+
+def test_reclaim_drops_only_the_dead_holders_leases_and_keeps_the_epochs() -> None:
+    book = LeaseBook()
+    book.grant("a", [0], ttl_s=60, now=0.0, wall_epoch=5, lease_id="A", holder="actor:x")
+    book.grant("b", [1], ttl_s=60, now=0.0, wall_epoch=5, lease_id="B", holder="job:2")
+    book.grant("c", [2], ttl_s=60, now=0.0, wall_epoch=5, lease_id="C")  # holder unknown
+    gone = book.reclaim({"actor:x", ""})
+    assert [x.lease_id for x in gone] == ["A"]
+    assert book.leased_slots() == {1: "B", 2: "C"}
+    assert book.slot_epochs() == {0: 5, 1: 6, 2: 7} and book.last_epoch == 7  # no bump
+    assert book.reclaim({"actor:y"}) == []
+
+
+def test_an_older_record_without_holders_still_loads() -> None:
+    old = json.dumps({"leases": [{"lease_id": "A", "trainer": "a", "slots": [0], "ttl_s": 10,
+                                  "epoch": 3}], "slot_epoch": {"0": 3}, "last_epoch": 3})
+    book = lease_store.load_book(old, now=1.0)
+    assert book.leases[0].holder == "" and book.leases[0].expires == 11.0
+    again = LeaseBook(book.leases)
+    again.grant("b", [1], 10, now=1.0, wall_epoch=4, lease_id="B", holder="actor:q")
+    doc = lease_store.dump_book(again.leases(), {}, 4)
+    assert [x.holder for x in lease_store.load_book(doc, 2.0).leases] == ["", "actor:q"]
+
+
+def _actor(state: str, restarts: int = 0) -> dict[str, object]:
+    return {"State": state, "NumRestarts": restarts, "Pid": 7}
+
+
+def test_dead_from_tables_needs_rays_definite_word() -> None:
+    held = ["actor:a", "actor:b", "actor:c", "actor:gone", "job:01", "job:02", "job:09",
+            "node:z"]
+    dead = holders.dead_from_tables(
+        held, {"a": _actor("DEAD"), "b": _actor("RESTARTING"), "c": _actor("ALIVE")},
+        {"01": True, "02": False})
+    assert dead == {"actor:a", "job:01"}  # b: no incarnation recorded, only DEAD tells
+
+
+def test_an_actor_ray_restarted_in_a_new_process_is_a_dead_holder() -> None:
+    # RLlib's EnvRunners: Ray restarts the actor under the same id (max_restarts)
+    first = "actor:a#0"
+    assert not holders.actor_died(first, _actor("ALIVE", 0))
+    assert holders.actor_died(first, _actor("RESTARTING", 1))
+    assert holders.actor_died(first, _actor("ALIVE", 1))
+    # the new incarnation leases in its constructor, while Ray still says RESTARTING
+    assert not holders.actor_died("actor:a#1", _actor("RESTARTING", 1))
+    assert not holders.actor_died("actor:a#1", _actor("ALIVE", 1))
+    assert holders.actor_died("actor:a", _actor("DEAD", 0))
+    assert not holders.actor_died("actor:a", _actor("ALIVE", 3))  # no count: only DEAD tells
+    assert not holders.actor_died(first, _actor("PENDING_CREATION"))
+    assert not holders.actor_died(first, None)
+
+
+class _Probe:
+    def __init__(self, dead: set[str], fail: bool = False) -> None:
+        self.dead, self.fail = dead, fail
+        self.asked: list[list[str]] = []
+
+    def __call__(self, holders_: list[str]) -> set[str]:
+        self.asked.append(holders_)
+        if self.fail:
+            raise RuntimeError("GCS unavailable")
+        return self.dead & set(holders_)
+
+
+def test_the_watch_is_rate_limited_asks_only_about_known_holders_and_survives_errors() -> None:
+    probe = _Probe({"actor:a"})
+    watch = holders.HolderWatch(probe, interval_s=2.0)
+    leases = [{"holder": "actor:a"}, {"holder": "job:1"}, {"lease_id": "x"}]
+    assert watch.dead(leases, now=10.0) == {"actor:a"}
+    assert watch.dead(leases, now=11.0) == set()  # not due yet
+    assert watch.dead(leases, now=12.0) == {"actor:a"}
+    assert probe.asked == [["actor:a", "job:1"]] * 2
+    assert watch.dead([{"lease_id": "x"}], now=20.0) == set() and len(probe.asked) == 2
+    failing = holders.HolderWatch(_Probe(set(), fail=True), interval_s=0.0)
+    assert failing.dead(leases, now=0.0) == set()  # cannot tell: the ttl applies
+
+
+def test_the_lease_actor_reclaims_a_dead_holders_lease_and_frees_its_actors() -> None:
+    store = lease_store.MemoryStore()
+    reg = LeaseActor("p", clock=lambda: 100.0, fencer=lambda s, e: None,
+                     epoch_clock=lambda: 5, store=store)
+    reg.server_sync(_slots(2, 2), {"signature": "s"}, timeout=0)
+    a = reg.acquire("a", 2, 60.0, holder="actor:dead")
+    b = reg.acquire("b", 2, 60.0, holder="job:live")
+    assert reg.layout().leases[0]["holder"] == "actor:dead"
+    assert json.loads(store.records["leases"])["leases"][0]["holder"] == "actor:dead"
+    gone = reg.reclaim(["actor:dead"])
+    assert [(x["lease_id"], x["trainer"], x["holder"]) for x in gone] == [
+        (a["lease_id"][:8], "a", "actor:dead")]
+    assert reg.reclaim(["actor:dead"]) == []
+    # free at once, for a new grant at a newer epoch (the fence refuses the old holder)
+    c = reg.acquire("c", 2, 60.0)
+    assert [s.slot for s in c["slots"]] == [s.slot for s in a["slots"]]
+    assert c["epoch"] > b["epoch"] > a["epoch"]
+    # the old holder's renew finds its actors taken
+    assert not reg.renew(a["lease_id"], "a", [s.slot for s in a["slots"]], 60.0, a["epoch"])
+    assert reg.renew(b["lease_id"], "b", [s.slot for s in b["slots"]], 60.0, b["epoch"])

@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -83,10 +83,11 @@ class _LeaseKeeper:
 
         # Three chances per ttl: one slow call does not lose the lease.
         while not self._stop.wait(self.ttl_s / 3):
+            args = (self.lease_id, self.trainer, self.slots, self.ttl_s, self.epoch)
             try:
-                ok = ray.get(self.registry.renew.remote(self.lease_id, self.trainer, self.slots,
-                                                        self.ttl_s, self.epoch, self.holder),
-                             timeout=self.ttl_s / 3)
+                ok = _with_holder(lambda *a: ray.get(self.registry.renew.remote(*a),
+                                                     timeout=self.ttl_s / 3),
+                                  args, self.holder)
             except Exception as exc:  # registry unreachable for now: try again next beat
                 log.warning("lease %s: renew failed: %s", self.lease_id[:8], exc)
                 continue
@@ -289,6 +290,23 @@ def holder() -> str:
         return ""
 
 
+def _with_holder(call: Callable[..., Any], args: tuple[Any, ...], ray_holder: str) -> Any:
+    """``call(*args, ray_holder)``; a lease actor older than lease reclaim takes no holder
+    (a trainer newer than its pool, mid-upgrade): then ``call(*args)``, without reclaim."""
+    if not ray_holder:
+        return call(*args)
+    try:
+        return call(*args, ray_holder)
+    except Exception as exc:
+        # Ray client checks the signature here (TypeError); Ray raises it from the actor
+        # (a RayTaskError that is also a TypeError)
+        if not isinstance(exc, TypeError) or "argument" not in str(exc):
+            raise
+        log.warning("the pool's lease actor predates lease reclaim: this lease ends with its "
+                    "TTL only (upgrade the pool)")
+        return call(*args)
+
+
 def _acquire(registry: Any, who: str, num_envs: int | None, ttl_s: float,
              wait_s: float, ray_holder: str = "") -> dict[str, Any]:
     import ray
@@ -299,10 +317,10 @@ def _acquire(registry: Any, who: str, num_envs: int | None, ttl_s: float,
     lease_id = uuid.uuid4().hex
     while True:
         try:
-            lease: dict[str, Any] = ray.get(registry.acquire.remote(who, num_envs, ttl_s,
-                                                                    lease_id, ray_holder),
-                                            timeout=max(0.0, deadline - time.monotonic())
-                                            + ACQUIRE_TIMEOUT_S)
+            left = max(0.0, deadline - time.monotonic()) + ACQUIRE_TIMEOUT_S
+            lease: dict[str, Any] = _with_holder(
+                lambda *a, t=left: ray.get(registry.acquire.remote(*a), timeout=t),
+                (who, num_envs, ttl_s, lease_id), ray_holder)
             return lease
         except lease_actor.LeaseError:
             if time.monotonic() >= deadline:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from remote_env.pool import holders, lease_rules, lease_store
 from remote_env.pool.lease_actor import LeaseActor
 from remote_env.pool.lease_rules import LeaseBook
@@ -125,3 +127,26 @@ def test_the_lease_actor_reclaims_a_dead_holders_lease_and_frees_its_actors() ->
     # the old holder's renew finds its actors taken
     assert not reg.renew(a["lease_id"], "a", [s.slot for s in a["slots"]], 60.0, a["epoch"])
     assert reg.renew(b["lease_id"], "b", [s.slot for s in b["slots"]], 60.0, b["epoch"])
+
+
+def test_a_trainer_newer_than_its_pool_leases_without_a_holder() -> None:
+    """Mid-upgrade, the pool's lease actor may predate reclaim: its acquire/renew take no
+    holder. The trainer leases all the same (its lease then ends with its TTL only)."""
+    from remote_env.driver import attach
+
+    seen: list[tuple[object, ...]] = []
+
+    def old_acquire(*args: object) -> str:  # the older signature: four arguments
+        seen.append(args)
+        if len(args) > 4:
+            raise TypeError("too many positional arguments")
+        return "granted"
+
+    assert attach._with_holder(old_acquire, ("t", 2, 60.0, "id"), "actor:ab#0") == "granted"
+    assert seen == [("t", 2, 60.0, "id", "actor:ab#0"), ("t", 2, 60.0, "id")]
+
+    def broken(*args: object) -> str:
+        raise TypeError("unsupported operand type(s)")  # not about the signature
+
+    with pytest.raises(TypeError, match="unsupported operand"):
+        attach._with_holder(broken, ("t",), "job:01")

@@ -407,10 +407,11 @@ def test_2_apply_the_example_and_ready_from_the_pool_servers_report(journey: Jou
 
 def test_3_trainers_attach_and_step_disjoint_actors(journey: Journey) -> None:
     t0 = time.monotonic()
-    # each holds its lease 30 s after stepping, so that the two leases overlap even when
-    # one trainer's Ray client connection needed a retry
-    journey.kube.apply([journey.trainer_job("trainer-a", 12_000, 8, 1, hold_s=30),
-                        journey.trainer_job("trainer-b", 12_000, 8, 2, hold_s=30)])
+    # each holds its lease 90 s after stepping, so that the two leases overlap even when
+    # one trainer's Ray client connection needed a retry (41 s once, seen) and the
+    # stepping itself takes well under a second (over TCP to the worker pods)
+    journey.kube.apply([journey.trainer_job("trainer-a", 12_000, 8, 1, hold_s=90),
+                        journey.trainer_job("trainer-b", 12_000, 8, 2, hold_s=90)])
     a = journey.job_result("trainer-a", timeout=300)
     b = journey.job_result("trainer-b", timeout=300)
     journey.figures["apply_trainer_to_first_step_s"] = max(a["first_step_s"], b["first_step_s"])

@@ -228,7 +228,7 @@ class ChannelServer:
             else:
                 raise ValueError(f"unknown channel op {op}: the client speaks another protocol")
             # an error the driver can read instead of a frame it would refuse
-            protocol.check_size(sum(memoryview(p).nbytes for p in parts), "the reply")
+            protocol.check_size(protocol.body_size(parts), "the reply")
             return status, parts
         except Exception as exc:  # decoding the call, the handler or the reply failed
             return protocol.ERR, [pickle.dumps(
@@ -353,7 +353,7 @@ class Channel:
             parts = [body]
         call = ChannelCall(self, decode, positions)
         try:
-            protocol.check_size(sum(memoryview(p).nbytes for p in parts), "the call")
+            protocol.check_size(protocol.body_size(parts), "the call")
         except protocol.FrameError as exc:  # this call's failure only: nothing was sent
             call.fail(exc)
             return call

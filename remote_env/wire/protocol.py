@@ -244,10 +244,24 @@ def frame(call_id: int, op: int, body: bytes = b"") -> bytes:
     return HEAD.pack(len(body), call_id, op) + body
 
 
+def body_size(parts: Sequence[bytes | memoryview]) -> int:
+    """The bytes of a body made of ``parts`` (bytes alone on the hot path: a step's)."""
+    if len(parts) == 1 and type(parts[0]) is bytes:
+        return len(parts[0])
+    return sum(memoryview(p).nbytes for p in parts)
+
+
 def send_parts(sock: socket.socket, call_id: int, op: int,
                parts: Sequence[bytes | memoryview]) -> None:
     """One frame whose body is ``parts`` back to back, in as few system calls as the
     socket takes (``sendmsg`` gathers them: no copy of a big array into one body)."""
+    if not parts:
+        send(sock, call_id, op)
+        return
+    first = parts[0]
+    if len(parts) == 1 and isinstance(first, bytes):
+        send(sock, call_id, op, first)  # the hot path (a step, its reply): one sendall
+        return
     views = [memoryview(p).cast("B") for p in parts]
     size = sum(v.nbytes for v in views)
     check_size(size, "a frame")

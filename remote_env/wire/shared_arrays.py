@@ -71,12 +71,6 @@ def new_name() -> str:
 class SharedArrays:
     """The numpy views of one segment: ``obs``, ``actions``, ``rewards``, ... by field."""
 
-    obs: np.ndarray
-    actions: np.ndarray
-    rewards: np.ndarray
-    terminations: np.ndarray
-    truncations: np.ndarray
-
     def __init__(self, name: str, fields: Layout, size: int, *, create: bool) -> None:
         self.name = name
         self.layout = fields
@@ -96,9 +90,13 @@ class SharedArrays:
             raise
         finally:
             os.close(fd)  # the mapping keeps the memory
-        for field, shape, dtype, offset in fields:
-            setattr(self, field, np.ndarray(shape, dtype=np.dtype(dtype), buffer=self._mmap,
-                                            offset=offset))
+        views = {field: np.ndarray(shape, dtype=np.dtype(dtype), buffer=self._mmap,
+                                   offset=offset) for field, shape, dtype, offset in fields}
+        self.obs: np.ndarray = views["obs"]
+        self.actions: np.ndarray = views["actions"]
+        self.rewards: np.ndarray = views["rewards"]
+        self.terminations: np.ndarray = views["terminations"]
+        self.truncations: np.ndarray = views["truncations"]
 
     def close(self) -> None:
         """Unmap (idempotent). Views handed out must be gone: readers copy rows."""

@@ -57,8 +57,17 @@ def test_the_checks_catch_a_mixin_split_a_second_writer_and_a_name_twice(
     assert any("'busy'" in f for f in found["fields with more than one writer"])
 
 
-def test_state_set_with_setattr_counts_as_its_own() -> None:
-    found = ownership.check([ROOT / "remote_env" / "wire" / "shared_arrays.py"], ROOT)
+def test_state_set_with_setattr_counts_as_its_own(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "views.py").write_text(
+        "class Views:\n"
+        "    obs: list\n"
+        "    def __init__(self, fields):\n"
+        "        for f in fields:\n"
+        "            setattr(self, f, [])\n"
+        "class Other:\n"
+        "    def __init__(self):\n"
+        "        self.obs = 1\n")
+    found = ownership.check([tmp_path / "views.py"], tmp_path)
     assert found["stubs"] == []
 
 

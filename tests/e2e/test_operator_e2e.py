@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -59,7 +60,8 @@ class Operator:
     #: The namespaces it watches (a glob): each module that runs one has its own prefix.
     namespaces: str = f"{NS_PREFIX}*"
 
-    def start(self) -> None:
+    def start(self, **env_over: str) -> None:
+        """Start it; ``env_over`` adds settings for this run only."""
         self.metrics_port, self.health_port = _free_port(), _free_port()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -68,10 +70,14 @@ class Operator:
                 [str(ENVPOOL), "operator", "--namespace", self.namespaces, "--standalone",
                  "--metrics-port", str(self.metrics_port),
                  "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
-                cwd=REPO,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**self.env, **env_over}, cwd=REPO,
             )
         self.kube.wait_until(self.healthy, timeout=60, interval=0.2, what="operator liveness")
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def healthy(self) -> bool:
         assert self.proc is not None
@@ -107,7 +113,8 @@ def install_crd(kube: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def operator(kube_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator_process(kube_cluster: Any,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     install_crd(kube_cluster)
     env = {**kube_cluster.env, "ENVPOOL_IMAGE": "registry.example/envpool:e2e",
            # short so that the retry and resync paths run within a test's timeout
@@ -118,6 +125,16 @@ def operator(kube_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield op
     op.stop()
     print(f"\n[operator log tail]\n{op.log_tail(30)}")
+
+
+@pytest.fixture
+def operator(operator_process: Operator) -> Operator:
+    """The module's operator, running at the start of every test: a test that
+    stops it and fails before starting it again must not fail the tests after it."""
+    if not operator_process.running:
+        operator_process.stop()
+        operator_process.start()
+    return operator_process
 
 
 def watched_namespace(kube: Any, request: pytest.FixtureRequest,
@@ -522,14 +539,40 @@ def test_ray_cluster_deleted_behind_our_back_comes_back(
 def test_operator_killed_mid_reconcile_creates_no_duplicates(
         kube_cluster: Any, operator: Operator, namespace: str) -> None:
     kube = kube_cluster
-    names = [f"pool-{i}" for i in range(10)]
+    names = [f"pool-{i}" for i in range(30)]
+    # The pools wait for an operator that is not there; it then starts with two
+    # handler threads and is SIGKILLed the moment a watch sees its first child,
+    # so most pools are still to do or half done (with 32 threads and polling,
+    # all ten pools of an earlier version were finished before the first poll).
+    operator.stop()
     _apply(kube, namespace, *[_cartpole(n) for n in names])
-    # kill as soon as the first child shows up: the rest is mid-flight
-    kube.wait_until(lambda: _items(kube, "serviceaccounts", namespace, "envpool.dev/pool"),
-                    timeout=60, interval=0.05, what="first child")
+    watch = subprocess.Popen(
+        [str(kube.bin_dir / "kubectl"), "get", "serviceaccounts", "-n", namespace, "-w",
+         "-o", "name", "-l", "envpool.dev/pool"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=kube.env, text=True)
+    killed = threading.Event()
+
+    def kill_on_first_child() -> None:
+        assert watch.stdout is not None
+        if watch.stdout.readline() and operator.proc is not None:
+            operator.proc.send_signal(signal.SIGKILL)
+        killed.set()
+
+    threading.Thread(target=kill_on_first_child, daemon=True).start()
+    try:
+        try:
+            operator.start(ENVPOOL_OPERATOR_THREADS="2")
+        except BaseException:
+            # killed before its liveness answered: what the test wants
+            if not killed.is_set():
+                raise
+        assert killed.wait(60), "no child appeared within 60 s"
+    finally:
+        watch.kill()
     operator.stop(signal.SIGKILL)
     partial = _children(kube, namespace)
     print(f"children when the operator was killed: {partial}")
+    assert partial["serviceaccounts"], "the watch saw a child the listing does not"
     assert partial["rayclusters"] != set(names), "the kill came too late to be mid-reconcile"
     operator.start()
     for name in names:

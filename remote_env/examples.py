@@ -279,6 +279,54 @@ class FlakyCartPole(gym.Wrapper[Any, Any, Any, Any]):
         return self.env.step(action)
 
 
+class ChaosCartPole(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole that raises or hangs when told to from outside its process: a file
+    ``raise`` or ``hang`` created in ``trigger_dir`` (``kubectl exec <pod> -- touch
+    /tmp/envpool-chaos/raise``) is taken by the first env of that pod that steps next
+    (it removes the file, so exactly one env fires per file). The chaos soak
+    (``scripts/soak``) injects env faults this way on real pods.
+
+    ``revision`` does nothing: changing it changes the env's signature, which rolls a
+    pool's envs in place (what the soak's rolling-update fault does).
+    """
+
+    def __init__(self, trigger_dir: str = "/tmp/envpool-chaos", revision: int = 0) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.trigger_dir = trigger_dir
+        self.revision = revision
+        self._seen_mtime = self._mtime()
+
+    def _mtime(self) -> int:
+        try:
+            return os.stat(self.trigger_dir).st_mtime_ns
+        except OSError:
+            return 0
+
+    def _take(self, name: str) -> bool:
+        try:
+            os.remove(os.path.join(self.trigger_dir, name))
+        except OSError:
+            return False  # no such trigger, or another env took it first
+        return True
+
+    def step(self, action: Any) -> Any:
+        # One stat a step: the directory's mtime changes when a trigger is created, so
+        # the removes are tried only then.
+        mtime = self._mtime()
+        if mtime != self._seen_mtime:
+            self._seen_mtime = mtime
+            if self._take("raise"):
+                raise RuntimeError("chaos: injected env failure (trigger file 'raise')")
+            if self._take("hang"):
+                while True:
+                    time.sleep(3600)
+        return self.env.step(action)
+
+
+def make_chaos_cartpole(trigger_dir: str = "/tmp/envpool-chaos", revision: int = 0) -> ChaosCartPole:
+    return ChaosCartPole(trigger_dir, revision)
+
+
 def broken_env(reason: str = "injected constructor failure") -> gym.Env[Any, Any]:
     """A make-env callable that always fails (a missing licence, a bad path...)."""
     raise RuntimeError(reason)

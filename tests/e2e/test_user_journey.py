@@ -27,310 +27,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from journey_kit import (
-    STEPPING_TRAINER,
-    TRAINER_METRICS_PORT,
+    EXAMPLE,
+    POOL,
+    STEP_TIMEOUT_S,
+    TRAINER,
+    Journey,
     MonitorDiscovery,
     alert_rules_without_for,
     dashboard_queries,
+    example,
+    kill_pool_server,
     last_json,
     peak_rss_bytes,
+    restart_count,
     steps_per_s,
 )
-from real_node import NODE_SELECTOR, RESTRICTED_CONTAINER, RESTRICTED_POD, TOLERATIONS, RealNode
+from real_node import RealNode
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "helm" / "envpool-operator"
-EXAMPLE = REPO / "manifests" / "examples" / "cartpole.yaml"
-POOL = "cartpole"
-#: A Ray head (GCS, dashboard, client server) plus the pool server, and one worker
-#: pod per actor of 8 CartPole envs (envsPerWorker 8): a lost worker costs a trainer
-#: the envs of one actor while the other keeps stepping. What fits beside the test
-#: suite on 2 cores (up to 3 workers when scaled to 24).
-HEAD_RESOURCES = {"requests": {"cpu": "200m", "memory": "1Gi"}, "limits": {"memory": "3Gi"}}
-WORKER_RESOURCES = {"requests": {"cpu": "250m", "memory": "768Mi"}, "limits": {"memory": "3Gi"}}
-#: faultTolerance.stepTimeoutSeconds of the journey's pool: no step waits longer.
-STEP_TIMEOUT_S = 10
-
-TRAINER = r"""
-import json, os, sys, time
-import numpy as np
-from remote_env import RemoteVectorEnv, ray_connect
-
-steps_wanted = int(sys.argv[1])
-wait_s = float(sys.argv[4]) if len(sys.argv) > 4 else 120.0  # 0: free envs at once or fail
-hold_s = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0  # keep the lease after stepping
-pool = os.environ.get("POOL", "cartpole")
-address = os.environ.get("POOL_ADDRESS", f"ray://{pool}-head-svc:10001")
-t0 = time.monotonic()
-# the Ray client connection first, with patience whatever wait_s is: wait_s=0 asks for
-# free envs at once, and a head busy starting this client's server is not "no envs"
-ray_connect.connect(address, default="auto", wait_s=max(wait_s, 120.0))
-envs = RemoteVectorEnv.from_pool(
-    pool, num_envs=int(sys.argv[2]), wait_s=wait_s, trainer=os.environ.get("TRAINER", "trainer"))
-attached = time.monotonic() - t0
-attached_at = time.time()
-slots = sorted(int(x) for x in envs.slots)
-obs, info = envs.reset(seed=int(sys.argv[3]))
-first_step = None
-steps = episodes = errors = 0
-t1 = time.monotonic()
-while steps < steps_wanted:
-    obs, rew, term, trunc, info = envs.step(envs.action_space.sample())
-    if first_step is None:
-        first_step = time.monotonic() - t0
-    steps += envs.num_envs
-    episodes += int(np.sum(term | trunc))
-    if "error" in info:
-        errors += int(np.sum(info.get("_error", [])))
-rate = steps / (time.monotonic() - t1)
-time.sleep(hold_s)
-released_at = time.time()
-envs.close()
-print(json.dumps({"steps": steps, "episodes": episodes, "errors": errors, "attach_s": attached,
-                  "attached_at": attached_at, "released_at": released_at,
-                  "first_step_s": first_step, "steps_per_s": rate, "num_envs": envs.num_envs,
-                  "slots": slots}))
-"""
-
-
-def _placed(spec: dict[str, Any]) -> dict[str, Any]:
-    return {"nodeSelector": dict(NODE_SELECTOR), "tolerations": [dict(t) for t in TOLERATIONS], **spec}
-
-
-def _example(namespace: str) -> dict[str, Any]:
-    """manifests/examples/cartpole.yaml as a user applies it, placed and sized for this node."""
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["metadata"]["namespace"] = namespace
-    ray = doc["spec"].setdefault("ray", {})
-    ray["head"] = _placed({"resources": HEAD_RESOURCES})
-    ray["worker"] = _placed({"resources": WORKER_RESOURCES, "envsPerWorker": 8})
-    doc["spec"]["faultTolerance"] = {"stepTimeoutSeconds": STEP_TIMEOUT_S}
-    return doc
-
-
-class Journey:
-    def __init__(self, kube: Any, node: RealNode, namespace: str, release: str,
-                 pool: str = POOL, prom: Any = None) -> None:
-        self.kube, self.node, self.ns, self.release = kube, node, namespace, release
-        self.pool, self.prom = pool, prom
-        self.figures: dict[str, float] = {}
-        self.tmp = Path(tempfile.mkdtemp(prefix="journey-"))
-
-    def install_operator(self) -> None:
-        """``helm install`` the chart as a user would: the operator a pod of the project
-        image on the real node, watching this namespace."""
-        img = self.node.image
-        values = {
-            "image": {"repository": img.rsplit(":", 1)[0], "tag": img.rsplit(":", 1)[1],
-                      "pullPolicy": "Never"},
-            "operator": {"watchNamespaces": [self.ns]},
-            "nodeSelector": dict(NODE_SELECTOR),
-            "tolerations": [dict(t) for t in TOLERATIONS],
-            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
-                          "limits": {"memory": "512Mi"}},
-        }
-        vfile = self.tmp / "values.yaml"
-        vfile.write_text(yaml.safe_dump(values))
-        self.kube.helm("install", self.release, str(CHART), "-n", self.ns, "-f", str(vfile),
-                       "--wait", "--timeout", "180s")
-
-    def operator_pod(self) -> dict[str, Any]:
-        pods = self.kube.kubectl_json(
-            "get", "pods", "-n", self.ns, "-l", "app.kubernetes.io/name=envpool-operator")["items"]
-        (pod,) = [p for p in pods if "helm.sh/hook" not in p["metadata"].get("annotations", {})]
-        return dict(pod)
-
-    def epool(self) -> dict[str, Any]:
-        return self.kube.kubectl_json("get", "envpool", self.pool, "-n", self.ns)
-
-    def pods(self, component: str) -> list[dict[str, Any]]:
-        sel = f"envpool.dev/pool={self.pool},app.kubernetes.io/component={component}"
-        return self.kube.kubectl_json("get", "pods", "-n", self.ns, "-l", sel)["items"]
-
-    def wait_ready(self, timeout: float, replicas: int | None = None) -> dict[str, Any]:
-        def ready() -> dict[str, Any] | None:
-            ep = self.epool()
-            st = ep.get("status", {})
-            report = st.get("pool") or {}
-            want = replicas if replicas is not None else ep["spec"]["replicas"]
-            if st.get("phase") == "Ready" and report.get("readyEnvs") == want:
-                return ep
-            return None
-
-        try:
-            return self.kube.wait_until(ready, timeout=timeout, interval=1,
-                                        what=f"EnvPool {self.ns}/{self.pool} Ready from the pool server's report")
-        except pytest.fail.Exception as exc:
-            pytest.fail(f"{exc}\n{self.diagnose()}", pytrace=False)
-
-    def diagnose(self) -> str:
-        """What a user would look at: pods, the EnvPool's conditions, the pool server's log."""
-        ep = self.kube.kubectl_json("get", "envpool", self.pool, "-n", self.ns, check=False) or {}
-        out = [self.kube.kubectl("get", "pods", "-n", self.ns, "-o", "wide", check=False).stdout,
-               json.dumps(ep.get("status", {}), indent=1)[:3000]]
-        for head in self.pods("head"):
-            out.append(self.kube.kubectl("logs", head["metadata"]["name"], "-n", self.ns, "-c", "pool-server",
-                                         "--tail", "40", check=False).stdout)
-        return "\n".join(out)
-
-    def client_server_logs(self) -> str:
-        """The head's Ray client server logs (a trainer's Ray client connection ends there)."""
-        out = []
-        for head in self.pods("head"):
-            out.append(self.kube.kubectl(
-                "exec", head["metadata"]["name"], "-n", self.ns, "-c", "ray-head", "--", "sh", "-c",
-                "tail -n 25 /tmp/ray/session_latest/logs/ray_client_server*.err", check=False).stdout)
-        return "\n".join(out)
-
-    def server_status(self) -> dict[str, Any]:
-        (head,) = self.pods("head")
-        port = self.epool()["spec"]["metrics"]["port"]
-        out = self.kube.kubectl(
-            "exec", head["metadata"]["name"], "-n", self.ns, "-c", "pool-server", "--", "python", "-c",
-            # detail=1 (actor ids, leases): answered to loopback, as here inside the pod
-            f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/status?detail=1').read().decode())",
-        ).stdout
-        return json.loads(out)
-
-    def trainer_job(self, name: str, steps: int, num_envs: int, seed: int,
-                    wait_s: float = 120.0, hold_s: float = 0.0) -> dict[str, Any]:
-        """A Job stepping ``steps`` env steps with ``step()`` (TRAINER) and printing a summary."""
-        return self._job(name, ["python", "-c", TRAINER, str(steps), str(num_envs), str(seed),
-                                str(wait_s), str(hold_s)])
-
-    def stepping_job(self, name: str, num_envs: int) -> dict[str, Any]:
-        """A Job stepping with send/recv until /tmp/stop, with /metrics (STEPPING_TRAINER)."""
-        job = self._job(name, ["python", "-c", STEPPING_TRAINER, self.pool, str(num_envs), str(STEP_TIMEOUT_S)])
-        (c,) = job["spec"]["template"]["spec"]["containers"]
-        c["env"] += [{"name": "METRICS_PORT", "value": str(TRAINER_METRICS_PORT)},
-                     {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                     {"name": "PYTHONUNBUFFERED", "value": "1"}]
-        c["ports"] = [{"name": "metrics", "containerPort": TRAINER_METRICS_PORT}]
-        return job
-
-    def _job(self, name: str, command: list[str]) -> dict[str, Any]:
-        container = {
-            "name": "trainer",
-            "image": self.node.image,
-            "imagePullPolicy": "Never",
-            "command": command,
-            "env": [{"name": "TRAINER", "value": name}, {"name": "HOME", "value": "/tmp"},
-                    {"name": "POOL", "value": self.pool},
-                    {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
-                    # the pool's Ray token (KubeRay's Secret <pool>, README "Security")
-                    {"name": "RAY_AUTH_MODE", "value": "token"},
-                    {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
-                        "name": self.pool, "key": "auth_token"}}}],
-            "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-            "securityContext": dict(RESTRICTED_CONTAINER),
-            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-        }
-        return {
-            "apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": name, "namespace": self.ns},
-            "spec": {
-                "backoffLimit": 0,
-                "template": {
-                    # the label the pool's NetworkPolicy admits (README "Network")
-                    "metadata": {"labels": {"app": name, "envpool.dev/trainer": self.pool}},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "enableServiceLinks": False,
-                        "automountServiceAccountToken": False,
-                        "nodeSelector": dict(NODE_SELECTOR),
-                        "tolerations": [dict(t) for t in TOLERATIONS],
-                        "securityContext": dict(RESTRICTED_POD),
-                        "containers": [container],
-                        "volumes": [{"name": "tmp", "emptyDir": {}}],
-                    },
-                },
-            },
-        }
-
-    def job_pod(self, name: str) -> str:
-        pods = self.kube.kubectl_json("get", "pods", "-n", self.ns, "-l", f"job-name={name}")["items"]
-        assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
-        return str(pods[0]["metadata"]["name"])
-
-    def logs(self, name: str) -> str:
-        return str(self.kube.kubectl("logs", f"job/{name}", "-n", self.ns, check=False).stdout)
-
-    def progress(self, name: str) -> int:
-        """Steps a stepping trainer has answered so far (its last progress line)."""
-        last = last_json(self.logs(name), "steps")
-        return int(last["steps"]) if last else 0
-
-    def wait_stepping(self, name: str, more_than: int = 0, timeout: float = 240) -> int:
-        def stepping() -> int | None:
-            logs = self.logs(name)
-            if (end := last_json(logs, "done")) is not None:
-                pytest.fail(f"trainer {name} ended early: {end}\n{logs[-3000:]}", pytrace=False)
-            if self.job_failed(name):
-                pytest.fail(f"trainer {name} failed before stepping:\n{logs[-3000:]}\n"
-                            f"{self.diagnose()}", pytrace=False)
-            return steps if (steps := self.progress(name)) > more_than else None
-
-        return int(self.kube.wait_until(stepping, timeout=timeout, interval=1,
-                                        what=f"trainer {name} stepping past {more_than} steps"))
-
-    def stop_stepping(self, name: str, timeout: float = 120) -> dict[str, Any]:
-        self.kube.kubectl("exec", self.job_pod(name), "-n", self.ns, "--", "python", "-c",
-                          "open('/tmp/stop', 'w').close()")
-        return self.job_result(name, timeout=timeout, key="done")
-
-    def job_conditions(self, name: str) -> dict[str, str]:
-        """The Job's conditions as {type: status} ({} while it has none, or is gone)."""
-        job = self.kube.kubectl_json("get", "job", name, "-n", self.ns, check=False) or {}
-        return {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
-
-    def job_failed(self, name: str) -> bool:
-        return self.job_conditions(name).get("Failed") == "True"
-
-    def pool_report(self) -> dict[str, Any]:
-        """What the pool server last reported into the EnvPool (``status.pool``), as
-        ``kubectl get epool`` shows it, read through the API server."""
-        return dict((self.epool().get("status") or {}).get("pool") or {})
-
-    def wait_leased(self, name: str, leased: int, timeout: float) -> dict[str, Any]:
-        """Wait until the pool server reports ``leased`` envs leased after trainer Job
-        ``name`` attached; fail at once, with what the trainer printed, if its Job failed."""
-        def seen() -> tuple[dict[str, Any], bool] | None:
-            report = self.pool_report()
-            if report.get("leasedEnvs") == leased:
-                return report, False
-            return (report, True) if self.job_failed(name) else None
-
-        try:
-            report, failed = self.kube.wait_until(seen, timeout=timeout, interval=0.5,
-                                                  what=f"{leased} envs leased with trainer {name}")
-        except pytest.fail.Exception as exc:
-            pod = self.kube.kubectl("describe", "pods", "-n", self.ns, "-l", f"job-name={name}",
-                                    check=False).stdout
-            pytest.fail(f"{exc}\n{pod[-3000:]}\n{self.logs(name)[-3000:]}\n{self.diagnose()}",
-                        pytrace=False)
-        if failed:
-            pytest.fail(f"trainer {name} failed before its lease was seen:\n"
-                        f"{self.logs(name)[-4000:]}\n{self.diagnose()}\n{self.client_server_logs()}",
-                        pytrace=False)
-        return report
-
-    def job_result(self, name: str, timeout: float, key: str = "steps") -> dict[str, Any]:
-        def done() -> dict[str, str] | None:
-            conds = self.job_conditions(name)
-            return conds if conds.get("Complete") == "True" or conds.get("Failed") == "True" else None
-
-        conds = self.kube.wait_until(done, timeout=timeout, interval=1, what=f"trainer Job {name}")
-        logs = self.kube.kubectl("logs", f"job/{name}", "-n", self.ns, check=False).stdout
-        assert conds.get("Complete") == "True", f"trainer {name} failed:\n{logs[-4000:]}\n{self.client_server_logs()}"
-        result = last_json(logs, key)
-        assert result is not None, logs[-4000:]
-        return result
-
-
 def _prometheus(prometheus: Any, discovery: MonitorDiscovery, tmp: Path) -> Any:
     """A real Prometheus on this machine scraping the journey's pods over the pod network,
     finding them as the chart's ServiceMonitor/PodMonitor would, with the alert rules."""
@@ -386,7 +103,7 @@ def test_1_helm_install_runs_the_operator_as_a_pod(journey: Journey) -> None:
 
 def test_2_apply_the_example_and_ready_from_the_pool_servers_report(journey: Journey) -> None:
     t0 = time.monotonic()
-    journey.kube.apply(_example(journey.ns))
+    journey.kube.apply(example(journey.ns))
     ep = journey.wait_ready(timeout=420)
     journey.figures["apply_to_ready_s"] = time.monotonic() - t0
     report = ep["status"]["pool"]
@@ -497,22 +214,6 @@ def test_4_kubectl_scale_resizes_the_same_ray_cluster(journey: Journey) -> None:
                             what="worker pods back to 2 after the scale down")
 
 
-def _kill_pool_server(journey: Journey, head: str) -> None:
-    """SIGKILL the pool server's process in its container (the head pod shares its
-    process namespace: find it by its command line, not as PID 1)."""
-    code = ("import os, signal\n"
-            "for p in filter(str.isdigit, os.listdir('/proc')):\n"
-            "    try: cmd = open(f'/proc/{p}/cmdline', 'rb').read()\n"
-            "    except OSError: continue\n"
-            "    if b'\\0serve\\0--config\\0' in cmd and int(p) != os.getpid(): os.kill(int(p), signal.SIGKILL)\n")
-    journey.kube.kubectl("exec", head, "-n", journey.ns, "-c", "pool-server", "--", "python", "-c", code,
-                         check=False)
-
-
-def _restart_count(pod: dict[str, Any], container: str) -> int:
-    return next(int(c["restartCount"]) for c in pod["status"]["containerStatuses"] if c["name"] == container)
-
-
 def test_5a_faults_on_real_pods_while_a_trainer_steps(journey: Journey) -> None:
     """A trainer steps every env (send/recv) through three faults: a worker pod deleted,
     the pool-server container killed, the operator pod deleted mid-reconcile."""
@@ -544,13 +245,13 @@ def test_5a_faults_on_real_pods_while_a_trainer_steps(journey: Journey) -> None:
     before = journey.server_status()
     actors = {s["slot"]: s["actorId"] for s in before["slots"]}
     (head,) = journey.pods("head")
-    count = _restart_count(head, "pool-server")
+    count = restart_count(head, "pool-server")
     t0 = time.monotonic()
-    _kill_pool_server(journey, head["metadata"]["name"])
+    kill_pool_server(journey, head["metadata"]["name"])
 
     def readopted() -> dict[str, Any] | None:
         (pod,) = journey.pods("head")
-        if _restart_count(pod, "pool-server") <= count:
+        if restart_count(pod, "pool-server") <= count:
             return None
         try:
             st = journey.server_status()

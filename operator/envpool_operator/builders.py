@@ -20,10 +20,11 @@ remove when a pool shrinks. Names and labels come from :mod:`~envpool_operator.n
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 import yaml
 
@@ -31,6 +32,118 @@ from envpool_operator import access, names, pod_templates
 from envpool_operator import settings as settings_mod
 from remote_env import spec as spec_mod
 from remote_env.spec.pool_report import PoolReport
+
+#: The newest way this operator renders a pool's Ray pods. A pool keeps the render
+#: generation (and the operator default image) its RayCluster was made with until
+#: its pods must be replaced anyway (see :func:`render_for`): an operator upgrade
+#: that renders pods differently must not restart every warm pool in the cluster.
+RENDER_GENERATION: Final = 1
+#: What each generation after the first changed in the pods (the PodsCurrent
+#: condition quotes it to say what an older pool would gain from new pods).
+GENERATION_CHANGES: Final[Mapping[int, str]] = {}
+#: The value of the EnvPool annotation ``envpool.dev/render`` that asks for this
+#: operator's rendering now (new Ray pods).
+RENDER_LATEST: Final = "latest"
+
+
+@dataclasses.dataclass(frozen=True)
+class Render:
+    """How a pool's Ray pods are rendered beyond its spec: the render generation and
+    the operator default image (for a pool that leaves ``spec.ray.image`` empty)."""
+
+    generation: int
+    default_image: str
+
+    @classmethod
+    def current(cls, settings: settings_mod.Settings) -> Render:
+        return cls(RENDER_GENERATION, settings.image)
+
+    @classmethod
+    def of_ray_cluster(cls, rc: Mapping[str, Any] | None) -> Render | None:
+        """What ``rc`` was rendered with: its annotations; for a RayCluster of an
+        operator from before them, generation 1 and the head container's image (the
+        full object is needed then). None when that cannot be told."""
+        if rc is None:
+            return None
+        ann = (rc.get("metadata") or {}).get("annotations") or {}
+        image = ann.get(names.DEFAULT_IMAGE_ANNOTATION) or _head_image(rc)
+        if not image:
+            return None
+        try:
+            generation = int(ann.get(names.RENDER_GENERATION_ANNOTATION, "1"))
+        except ValueError:
+            return None
+        return cls(generation, image)
+
+    def settings(self, settings: settings_mod.Settings) -> settings_mod.Settings:
+        """``settings`` with this render's default image."""
+        if settings.image == self.default_image:
+            return settings
+        return dataclasses.replace(settings, image=self.default_image)
+
+
+def _head_image(rc: Mapping[str, Any]) -> str | None:
+    head = (((rc.get("spec") or {}).get("headGroupSpec") or {}).get("template") or {})
+    for container in (head.get("spec") or {}).get("containers") or ():
+        if container.get("name") == "ray-head":
+            image = container.get("image")
+            return image if isinstance(image, str) else None
+    return None
+
+
+def render_for(
+    pool: spec_mod.PoolSpec, settings: settings_mod.Settings,
+    existing: Mapping[str, Any] | None, *, requested: str | None = None,
+) -> Render:
+    """The rendering for ``pool`` whose RayCluster is ``existing`` (None: not made yet).
+
+    A new pool, or one whose EnvPool asks for it (annotation ``envpool.dev/render:
+    latest``), gets this operator's. An existing pool keeps what its RayCluster was
+    rendered with as long as that renders the very pods it runs (the cluster hash
+    agrees): an operator upgrade changes nothing of it. Once the user changes a field
+    that needs new pods anyway (image, resources, ...), it moves to this operator's
+    rendering with them. A RayCluster rendered by a newer operator (a downgrade) gets
+    this one's: it cannot render what it does not know.
+
+        >>> from envpool_operator import settings as s
+        >>> pool = spec_mod.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 8}, name="cp")
+        >>> old = build_ray_cluster(pool, s.Settings(image="envpool:1.0"))
+        >>> render_for(pool, s.Settings(image="envpool:2.0"), old)
+        Render(generation=1, default_image='envpool:1.0')
+        >>> render_for(pool, s.Settings(image="envpool:2.0"), old, requested="latest")
+        Render(generation=1, default_image='envpool:2.0')
+    """
+    current = Render.current(settings)
+    pinned = Render.of_ray_cluster(existing)
+    if requested == RENDER_LATEST or pinned is None or pinned == current:
+        return current
+    if pinned.generation > RENDER_GENERATION or pinned.generation < 1:
+        return current
+    have = ((existing or {}).get("metadata") or {}).get("annotations", {}).get(
+        names.CLUSTER_HASH_ANNOTATION)
+    return pinned if have == cluster_hash(pool, settings, pinned) else current
+
+
+def render_lag(pool: spec_mod.PoolSpec, settings: settings_mod.Settings,
+               render: Render) -> str | None:
+    """What the pool's pods miss of this operator's rendering (None: nothing)."""
+    current = Render.current(settings)
+    if render.generation >= current.generation and (
+            pool.ray.image or render.default_image == current.default_image):
+        return None
+    missing = []
+    if render.generation < current.generation:
+        gains = "; ".join(GENERATION_CHANGES.get(g, f"generation {g}")
+                          for g in range(render.generation + 1, current.generation + 1))
+        missing.append(f"render generation {current.generation} ({gains}); its pods are "
+                       f"generation {render.generation}")
+    if not pool.ray.image and render.default_image != current.default_image:
+        missing.append(f"the operator's image {current.default_image}; its pods run "
+                       f"{render.default_image}")
+    return ("kept as an older operator rendered it, so that the upgrade did not restart "
+            "the pool; new Ray pods would bring " + " and ".join(missing) + ". To take "
+            f"them: annotate the EnvPool {names.RENDER_ANNOTATION}={RENDER_LATEST} (or "
+            "change a field that needs new pods); attached trainers are cut off then")
 
 
 def build_config_map(pool: spec_mod.PoolSpec) -> dict[str, Any]:
@@ -47,7 +160,12 @@ def build_config_map(pool: spec_mod.PoolSpec) -> dict[str, Any]:
 def _ray_cluster_spec(
     pool: spec_mod.PoolSpec, settings: settings_mod.Settings, workers: int,
     spec_hash: str | None = None, workers_to_delete: Sequence[str] = (),
+    render: Render | None = None,
 ) -> dict[str, Any]:
+    # Everything below renders generation ``render.generation``: a change to the
+    # pods goes under ``if render.generation >= N`` with RENDER_GENERATION = N.
+    render = render or Render.current(settings)
+    settings = render.settings(settings)
     env_units = pool.ray.worker.envs_per_worker
     head = pod_templates.head_template(pool, settings)
     worker = pod_templates.worker_template(pool, settings)
@@ -88,7 +206,8 @@ def _ray_cluster_spec(
     return out
 
 
-def cluster_hash(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> str:
+def cluster_hash(pool: spec_mod.PoolSpec, settings: settings_mod.Settings,
+                 render: Render | None = None) -> str:
     """Hash of everything that needs new Ray pods to change.
 
     That is the RayCluster with the worker count left out: image, Ray version,
@@ -97,9 +216,9 @@ def cluster_hash(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> st
     the ConfigMap (and its watch of the EnvPool), which rolls new actors through the
     same pods (``spec.updateStrategy``; a leased actor when its lease ends), so a
     trainer is never cut off by an env change. Nor are replicas and suspend (the
-    worker count) or batchWaitMs.
+    worker count) or batchWaitMs. ``render``: the rendering (default: this operator's).
     """
-    cluster = _ray_cluster_spec(pool, settings, workers=0)
+    cluster = _ray_cluster_spec(pool, settings, workers=0, render=render)
     for group in cluster["workerGroupSpecs"]:
         group.pop("scaleStrategy")  # which pods go when shrinking: no new pods for that
     blob = json.dumps(cluster, sort_keys=True, separators=(",", ":")).encode()
@@ -108,7 +227,7 @@ def cluster_hash(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> st
 
 def build_ray_cluster(
     pool: spec_mod.PoolSpec, settings: settings_mod.Settings, *,
-    workers: tuple[int, Sequence[str]] | None = None,
+    workers: tuple[int, Sequence[str]] | None = None, render: Render | None = None,
 ) -> dict[str, Any]:
     """The ``ray.io/v1`` RayCluster: a head (Ray + pool-server sidecar), one worker group.
 
@@ -123,19 +242,24 @@ def build_ray_cluster(
     replaces the pods of the same RayCluster (same name, same head Service, so
     trainers' endpoint stays valid). Env and runtimeEnv changes do not: the pool
     server rolls them through the running pods (see :func:`cluster_hash`).
-    ``workers``: a :func:`worker_plan` to use instead of ``pool.workers``.
+    ``workers``: a :func:`worker_plan` to use instead of ``pool.workers``;
+    ``render``: a :func:`render_for` to use instead of this operator's (recorded in
+    the RayCluster's annotations, never in its pods).
     """
-    spec_hash = cluster_hash(pool, settings)
+    render = render or Render.current(settings)
+    spec_hash = cluster_hash(pool, settings, render)
     replicas, to_delete = workers if workers is not None else (pool.workers, ())
     return {
         "apiVersion": names.RAY_API_VERSION,
         "kind": "RayCluster",
         "metadata": names.object_meta(
             pool, names.ray_cluster_name(pool.name),
-            annotations={names.CLUSTER_HASH_ANNOTATION: spec_hash},
+            annotations={names.CLUSTER_HASH_ANNOTATION: spec_hash,
+                         names.RENDER_GENERATION_ANNOTATION: str(render.generation),
+                         names.DEFAULT_IMAGE_ANNOTATION: render.default_image},
         ),
         "spec": _ray_cluster_spec(pool, settings, workers=replicas, spec_hash=spec_hash,
-                                  workers_to_delete=to_delete),
+                                  workers_to_delete=to_delete, render=render),
     }
 
 
@@ -178,7 +302,7 @@ def worker_plan(
 
 def build_children(
     pool: spec_mod.PoolSpec, settings: settings_mod.Settings, *,
-    workers: tuple[int, Sequence[str]] | None = None,
+    workers: tuple[int, Sequence[str]] | None = None, render: Render | None = None,
 ) -> list[dict[str, Any]]:
     """Every child in apply order: RBAC and config before the pods that need them."""
     return [
@@ -187,5 +311,5 @@ def build_children(
         access.build_role_binding(pool),
         access.build_network_policy(pool),
         build_config_map(pool),
-        build_ray_cluster(pool, settings, workers=workers),
+        build_ray_cluster(pool, settings, workers=workers, render=render),
     ]

@@ -24,6 +24,12 @@ CONFIG_KEY: Final = "pool.yaml"
 CONFIG_DIR: Final = "/etc/envpool"
 POOL_LABEL: Final = "envpool.dev/pool"
 CLUSTER_HASH_ANNOTATION: Final = "envpool.dev/cluster-hash"
+#: On the RayCluster: how its pods were rendered (builders.Render), so that a newer
+#: operator renders the same pods for it.
+RENDER_GENERATION_ANNOTATION: Final = "envpool.dev/render-generation"
+DEFAULT_IMAGE_ANNOTATION: Final = "envpool.dev/default-image"
+#: On the EnvPool, set by its user: "latest" asks for this operator's rendering.
+RENDER_ANNOTATION: Final = "envpool.dev/render"
 RAY_CLIENT_PORT: Final = 10001
 RAY_GCS_PORT: Final = 6379
 RAY_DASHBOARD_PORT: Final = 8265

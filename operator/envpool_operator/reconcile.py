@@ -60,6 +60,11 @@ def compute(
         pool = settings_mod.parse_pool(body, settings)
     except spec_mod.SpecError as exc:
         error = str(exc)
+    # The rendering the reconcile recorded on the RayCluster (it chose it with the
+    # full object in hand: render_for), this operator's when there is none.
+    render = builders.Render.of_ray_cluster(ray_cluster)
+    if render is None or not 1 <= render.generation <= builders.RENDER_GENERATION:
+        render = builders.Render.current(settings)
     return status_mod.compute_status(
         name=meta.get("name", ""),
         namespace=meta.get("namespace", ""),
@@ -72,7 +77,8 @@ def compute(
         previous=previous,
         now=status_mod.now(),
         problem=problem,
-        expected_hash=builders.cluster_hash(pool, settings) if pool else None,
+        expected_hash=builders.cluster_hash(pool, settings, render) if pool else None,
+        render_lag=builders.render_lag(pool, settings, render) if pool else None,
     )
 
 
@@ -171,8 +177,11 @@ def _apply_children(
         if refusal is not None:
             mine = existing if existing is not None and _owned_by(existing, uid) else None
             raise _Stop(*refusal, ray_cluster=mine)
+        requested = (meta.get("annotations") or {}).get(names.RENDER_ANNOTATION)
+        render = builders.render_for(pool, runtime.settings, existing, requested=requested)
         children = builders.build_children(pool, runtime.settings,
-                                           workers=workers_for(pool, body, existing))
+                                           workers=workers_for(pool, body, existing),
+                                           render=render)
         kopf.adopt(children, owner=kopf.Body(cast(Any, copy.deepcopy(dict(body)))))
         if existing is None:
             # First creation: let the API server judge every child (quota,

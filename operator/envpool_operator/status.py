@@ -40,6 +40,8 @@ COND_RAY_CLUSTER_READY: Final = "RayClusterReady"
 COND_POOL_SERVER_READY: Final = "PoolServerReady"
 #: Every actor runs the spec's revision (env, runtimeEnv, envsPerActor...): a rollout is done.
 COND_ROLLOUT_COMPLETE: Final = "RolloutComplete"
+#: Whether the Ray pods are what this operator renders (an upgrade keeps older ones).
+COND_PODS_CURRENT: Final = "PodsCurrent"
 CONDITION_TYPES: Final = (COND_READY, COND_SPEC_VALID, COND_RAY_CLUSTER_READY,
                           COND_POOL_SERVER_READY, COND_ROLLOUT_COMPLETE)
 
@@ -235,6 +237,19 @@ def rollout_condition(
     return _Cond(t, True, "Updated", f"every env runs revision {want}")
 
 
+def pods_current_condition(
+    pool: spec_mod.PoolSpec | None, ray_cluster: Mapping[str, Any] | None, lag: str | None,
+) -> _Cond:
+    """PodsCurrent: False while the pool keeps pods an older operator rendered
+    (``lag`` says what newer pods would bring and how to take them)."""
+    t = COND_PODS_CURRENT
+    if pool is None or ray_cluster is None:
+        return _Cond(t, None, "NoRayCluster", "no RayCluster to compare")
+    if lag is not None:
+        return _Cond(t, False, "OlderRender", lag)
+    return _Cond(t, True, "Current", "the Ray pods are as this operator renders them")
+
+
 def _merge_conditions(
     new: Sequence[_Cond], previous: Any, *, now: str, generation: int | None,
 ) -> list[dict[str, Any]]:
@@ -271,6 +286,7 @@ def compute_status(
     now: datetime.datetime,
     problem: Problem | None = None,
     expected_hash: str | None = None,
+    render_lag: str | None = None,
 ) -> dict[str, Any]:
     """EnvPool status fields (to merge-patch) from what is known right now.
 
@@ -285,6 +301,8 @@ def compute_status(
         previous: the current EnvPool ``status`` (for lastTransitionTime and phase history).
         problem: a transient reconcile failure (KubeRay missing, forbidden, quota).
         expected_hash: the cluster hash the spec wants; a mismatch means rolling.
+        render_lag: what the pool's pods miss of this operator's rendering
+            (:func:`~envpool_operator.builders.render_lag`), None if nothing.
     """
     stamp = rfc3339(now)
     if spec_error is not None or pool is None:
@@ -334,7 +352,8 @@ def compute_status(
 
     conditions = _merge_conditions(
         [ready_cond, spec_cond, rc_cond, pool_cond,
-         rollout_condition(written, pool, now=now)],
+         rollout_condition(written, pool, now=now),
+         pods_current_condition(pool, ray_cluster, render_lag)],
         previous.get("conditions"),
         now=stamp,
         generation=generation,

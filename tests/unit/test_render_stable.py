@@ -6,9 +6,14 @@ different template for the same EnvPool (a new label, a new default) would empty
 warm pool in the cluster on one ``helm upgrade``. So the children rendered for the
 example pools (and a few edge specs) are pinned here, byte for byte.
 
-When this test fails, the change is an upgrade hazard: either render the old output
-for existing pools, or make the change on purpose and say so in the release notes
-(a changed pod template recreates that pool's Ray pods on upgrade); then regenerate:
+A pool keeps the render generation (and the operator default image) its RayCluster
+was made with (``builders.render_for``), so the goldens in ``golden/render`` are what
+generation 1 renders, forever. A change to the pods goes under ``if render.generation
+>= N`` with ``builders.RENDER_GENERATION = N``; new pools get it (their goldens in
+``golden/render-g<N>``), existing ones when their pods are replaced anyway.
+
+When this test fails for generation 1, the change is an upgrade hazard: put it under
+a new generation. Regenerate on purpose with
 ``ENVPOOL_UPDATE_GOLDEN=1 pytest tests/unit/test_render_stable.py``.
 """
 
@@ -61,17 +66,32 @@ def test_there_are_pools_to_pin() -> None:
     assert len(DOCUMENTS) >= 5, sorted(DOCUMENTS)
 
 
+def _golden_dir(generation: int) -> pathlib.Path:
+    return GOLDEN if generation == 1 else GOLDEN.with_name(f"render-g{generation}")
+
+
+@pytest.mark.parametrize("generation", sorted({1, builders.RENDER_GENERATION}))
 @pytest.mark.parametrize("key", sorted(DOCUMENTS))
-def test_an_existing_pool_renders_the_children_it_rendered_before(key: str) -> None:
+def test_an_existing_pool_renders_the_children_it_rendered_before(key: str, generation: int) -> None:
     name, raw = DOCUMENTS[key]
     pool = spec.parse_spec(raw, name=name, namespace="team-a")
-    rendered = json.dumps(builders.build_children(pool, SETTINGS), indent=1, sort_keys=True)
-    golden = GOLDEN / f"{key}.json"
+    render = builders.Render(generation, SETTINGS.image)
+    rendered = json.dumps(builders.build_children(pool, SETTINGS, render=render), indent=1,
+                          sort_keys=True)
+    golden = _golden_dir(generation) / f"{key}.json"
     if UPDATE:
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(rendered + "\n")
     assert golden.exists(), f"no golden render for {key}: run with ENVPOOL_UPDATE_GOLDEN=1"
     assert rendered + "\n" == golden.read_text(), (
-        f"the operator now renders {key!r} differently: on upgrade this changes running "
-        f"pools' children (a pod template change recreates their Ray pods). See this "
-        f"module's docstring.")
+        f"the operator now renders {key!r} at generation {generation} differently: on "
+        f"upgrade this changes running pools' children (a pod template change recreates "
+        f"their Ray pods). See this module's docstring.")
+
+
+@pytest.mark.parametrize("key", sorted(DOCUMENTS))
+def test_a_new_pool_gets_the_newest_generation(key: str) -> None:
+    name, raw = DOCUMENTS[key]
+    pool = spec.parse_spec(raw, name=name, namespace="team-a")
+    assert builders.build_children(pool, SETTINGS) == builders.build_children(
+        pool, SETTINGS, render=builders.Render(builders.RENDER_GENERATION, SETTINGS.image))

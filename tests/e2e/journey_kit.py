@@ -307,12 +307,16 @@ class Journey:
         self.kube, self.node, self.ns, self.release = kube, node, namespace, release
         self.pool, self.prom = pool, prom
         self.figures: dict[str, float] = {}
+        #: The image of the operator and the trainer Jobs: the project image of this
+        #: checkout unless a test installs another version (the upgrade walk).
+        self.image: str = node.image
         self.tmp = Path(tempfile.mkdtemp(prefix="journey-"))
 
-    def install_operator(self) -> None:
+    def install_operator(self, action: str = "install", chart: Path = CHART) -> None:
         """``helm install`` the chart as a user would: the operator a pod of the project
-        image on the real node, watching this namespace."""
-        img = self.node.image
+        image (``self.image``) on the real node, watching this namespace. ``action``
+        "upgrade" upgrades the release to ``chart`` and ``self.image`` instead."""
+        img = self.image
         values = {
             "image": {"repository": img.rsplit(":", 1)[0], "tag": img.rsplit(":", 1)[1],
                       "pullPolicy": "Never"},
@@ -324,7 +328,7 @@ class Journey:
         }
         vfile = self.tmp / "values.yaml"
         vfile.write_text(yaml.safe_dump(values))
-        self.kube.helm("install", self.release, str(CHART), "-n", self.ns, "-f", str(vfile),
+        self.kube.helm(action, self.release, str(chart), "-n", self.ns, "-f", str(vfile),
                        "--wait", "--timeout", "180s")
 
     def operator_pod(self) -> dict[str, Any]:
@@ -404,7 +408,7 @@ class Journey:
     def _job(self, name: str, command: list[str]) -> dict[str, Any]:
         container = {
             "name": "trainer",
-            "image": self.node.image,
+            "image": self.image,
             "imagePullPolicy": "Never",
             "command": command,
             "env": [{"name": "TRAINER", "value": name}, {"name": "HOME", "value": "/tmp"},

@@ -26,8 +26,8 @@ from real_node import RealNode
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-#: Stop 37's main (CI passed): the operator users run before this version.
-UPGRADE_FROM = os.environ.get("ENVPOOL_UPGRADE_FROM", "b67e2228f5c58d299d0ab97efe1e0f8251d05f3f")
+#: Stop 37's main (its CI passed): the operator users ran before this version.
+UPGRADE_FROM = os.environ.get("ENVPOOL_UPGRADE_FROM", "8685078921e35ad75630f539b341244920ea304b")
 RELEASE = "envpool-upgrade"
 ENVS = 8  # per pool: one worker pod, one actor
 

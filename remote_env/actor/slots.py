@@ -81,6 +81,9 @@ class EnvSlot:
     needs_reset: bool = False
     #: recreated after a failure and not reset since
     fresh: bool = False
+    #: stepped in another autoreset mode (a previous lease's) since its last reset: its
+    #: episode state means nothing in this mode, so it must be reset before a step
+    mode_changed: bool = False
     seed: int | None = None
     restarts: int = 0
     #: consecutive failures: ended by a good step, not by a reset (an env that resets
@@ -144,6 +147,10 @@ class EnvSlots:
     def restart_counts(self) -> list[int]:
         return [s.restarts for s in self._slots]
 
+    def reset_required(self) -> list[int]:
+        """Positions of the envs not reset since the autoreset mode changed."""
+        return [s.index for s in self._slots if s.mode_changed]
+
     # ------------------------------------------------------------- lifecycle
     def create_all(self) -> list[Failure]:
         """Create every sub-env; stop at the first that fails for good."""
@@ -206,6 +213,7 @@ class EnvSlots:
     def was_reset(self, slot: EnvSlot, obs: Any) -> None:
         slot.needs_reset = False
         slot.fresh = False
+        slot.mode_changed = False
         slot.last_obs = obs
 
     def stepped(self, slot: EnvSlot, obs: Any) -> None:
@@ -222,6 +230,14 @@ class EnvSlots:
     def reset_due(self, slot: EnvSlot) -> None:
         """Its episode ended (NEXT_STEP) or its step failed (DISABLED): reset first."""
         slot.needs_reset = True
+
+    def mode_switched(self) -> None:
+        """The autoreset mode changed: every env must be reset before its next step
+        (an episode a NEXT_STEP lease left ended, or a DISABLED one left over, is not
+        one the new mode can continue; gymnasium asks for a reset after a switch too)."""
+        for slot in self._slots:
+            slot.needs_reset = True
+            slot.mode_changed = True
 
     # --------------------------------------------------------------- internals
     def _create(self, slot: EnvSlot, *, first: bool) -> Failure | None:

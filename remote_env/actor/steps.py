@@ -79,6 +79,17 @@ class EnvStepper:
     def kind(self) -> EnvKind:
         return self._kind
 
+    @property
+    def mode(self) -> AutoresetMode:
+        return self._mode
+
+    def switch(self, mode: AutoresetMode) -> None:
+        """Step in ``mode`` from now on (a lease's); a change makes every env due for a
+        reset (:meth:`EnvSlots.mode_switched`)."""
+        if mode is not self._mode:
+            self._mode = mode
+            self._slots.mode_switched()
+
     def learned(self, kind: EnvKind) -> None:
         """What the actor's start found out about its envs."""
         self._kind = kind
@@ -128,7 +139,9 @@ class EnvStepper:
 
     async def _step(self, slot: EnvSlot, action: Any) -> Any:
         kind = self._kind
-        if slot.needs_reset and self._mode is AutoresetMode.NEXT_STEP:
+        # NEXT_STEP's pending autoreset; in any mode, the reset a mode switch makes due
+        # (the lease's driver asks for it first: a trainer of an older version may not)
+        if slot.needs_reset and (self._mode is AutoresetMode.NEXT_STEP or slot.mode_changed):
             obs, _, _, _, info, failure = await self._reset(slot, None, None)
             if kind.multi_agent:
                 agents = multi_agent.agent_ids(obs)

@@ -58,12 +58,13 @@ class HostCore:
         restarts: Sequence[int] | None = None,
         multi_agent_hint: bool | None = None,
     ) -> None:
-        self._slots = EnvSlots(env_fns, restart_failed=restart_failed,
-                               max_restarts=max_restarts, restart_backoff_s=restart_backoff_s,
-                               restart_seeds=restart_seeds, restart_counts=restarts)
         # the mode the actor was built with (a pool's spec): each lease starts in it, and
         # its trainer may switch it for the lease (lease_mode)
         self._default_mode = AutoresetMode(autoreset_mode)
+        self._slots = EnvSlots(env_fns, restart_failed=restart_failed,
+                               max_restarts=max_restarts, restart_backoff_s=restart_backoff_s,
+                               restart_seeds=restart_seeds, restart_counts=restarts,
+                               mode=self._default_mode)
         self._stepper = EnvStepper(self._slots, self._default_mode)
         self._runner = BatchRunner(threads)
         self._multi_agent_hint = multi_agent_hint
@@ -211,8 +212,9 @@ class HostCore:
         """Serve lease ``epoch`` in autoreset ``mode`` (its trainer's, asked at attach)
         until a newer lease comes; returns :meth:`describe`.
 
-        A change of mode makes every env due for a reset (gymnasium's order after a
-        switch: reset, then step); a newer lease starts again in the actor's own mode.
+        An env whose episode started in another mode is due for a reset (gymnasium's
+        order after a switch: reset, then step); one whose episode started in ``mode``
+        goes on. A newer lease starts again in the actor's own mode.
 
         Raises:
             LeaseLostError: a newer lease was granted on this actor.

@@ -84,11 +84,11 @@ class EnvStepper:
         return self._mode
 
     def switch(self, mode: AutoresetMode) -> None:
-        """Step in ``mode`` from now on (a lease's); a change makes every env due for a
-        reset (:meth:`EnvSlots.mode_switched`)."""
+        """Step in ``mode`` from now on (a lease's); envs whose episode started in
+        another mode are due for a reset (:meth:`EnvSlots.serving`)."""
         if mode is not self._mode:
             self._mode = mode
-            self._slots.mode_switched()
+            self._slots.serving(mode)
 
     def learned(self, kind: EnvKind) -> None:
         """What the actor's start found out about its envs."""
@@ -130,7 +130,7 @@ class EnvStepper:
             if not isinstance(info, dict):
                 raise MalformedResultError(f"reset returned info of type {type(info).__name__}, "
                                            "expected a dict")
-        self._slots.was_reset(slot, obs)
+        self._slots.was_reset(slot, obs, self._mode)
         return obs, info
 
     # ------------------------------------------------------------------- step
@@ -141,7 +141,7 @@ class EnvStepper:
         kind = self._kind
         # NEXT_STEP's pending autoreset; in any mode, the reset a mode switch makes due
         # (the lease's driver asks for it first: a trainer of an older version may not)
-        if slot.needs_reset and (self._mode is AutoresetMode.NEXT_STEP or slot.mode_changed):
+        if slot.mode_changed or (slot.needs_reset and self._mode is AutoresetMode.NEXT_STEP):
             obs, _, _, _, info, failure = await self._reset(slot, None, None)
             if kind.multi_agent:
                 agents = multi_agent.agent_ids(obs)
@@ -234,9 +234,10 @@ class EnvStepper:
         seen: list[EnvSlot] = []  # good steps taken here: their obs is the last seen
         seen_obs: list[Any] = []
         missing = False  # an env out of restarts before its first observation
+        switched = slots.mode_changed  # resets a mode switch made due: the generic code's
         for p, action in zip(positions, actions, strict=True):
             slot = slots[p]
-            if slot.needs_reset or slot.streak.failures:
+            if slot.needs_reset or slot.streak.failures or switched:
                 r = run_sync(self._step(slot, action))
             else:
                 try:

@@ -93,4 +93,12 @@ def test_each_lease_gets_the_autoreset_mode_it_asked_for_and_the_next_starts_ove
     with pytest.raises(ValueError, match="Sometimes"):
         host.lease_mode(7, "Sometimes")
     assert host.describe()["autoreset_mode"] == "NextStep"
+    # a lease in the mode the episodes started in goes on with them, though the newer
+    # lease's fence switched the actor back to its own mode in between
+    assert host.lease_mode(8, "SameStep")["reset_required"] == [0, 1]
+    host.fenced(8, "reset", [0, 1], [0, 1], None)
+    host.fence(9)
+    assert host.describe()["reset_required"] == [0, 1]  # NextStep now: not their episodes'
+    assert host.lease_mode(9, "SameStep")["reset_required"] == []
+    assert host.fenced(9, "step", [0, 1], [0, 1]).indices == [0, 1]
     host.close()

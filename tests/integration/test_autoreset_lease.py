@@ -150,3 +150,32 @@ def test_a_bad_mode_is_refused_at_attach_before_any_lease(pool: PoolServer) -> N
     # nothing was leased: the whole pool is still free for the next trainer
     envs = RemoteVectorEnv.from_pool(POOL, num_envs=N, autoreset_mode="NextStep")
     envs.close()
+
+
+def test_sb3_adapter_leases_the_pool_in_same_step_and_equals_dummy_vec_env(
+        pool: PoolServer) -> None:
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from remote_env.sb3 import SB3VecEnv
+
+    remote = SB3VecEnv.from_pool(POOL, num_envs=N)  # the spec says Disabled
+    dummy = DummyVecEnv([lambda: gym.make("CartPole-v1", max_episode_steps=EPISODE)] * N)
+    try:
+        assert remote.venv.autoreset_mode is AutoresetMode.SAME_STEP
+        remote.seed(5)
+        dummy.seed(5)
+        _same(remote.reset(), dummy.reset(), "reset")
+        ends = 0
+        for t in range(STEPS):
+            actions = np.arange(N) * t % 2
+            (o1, r1, d1, i1), (o2, r2, d2, i2) = remote.step(actions), dummy.step(actions)
+            for name, g, w in (("obs", o1, o2), ("rewards", r1, r2), ("dones", d1, d2)):
+                _same(g, w, f"step {t}: {name}")
+            for e in np.flatnonzero(d2):
+                _same(i1[e]["terminal_observation"], i2[e]["terminal_observation"],
+                      f"step {t}: terminal_observation[{e}]")
+            ends += int(d2.sum())
+        assert ends >= 2 * N
+    finally:
+        remote.close()
+        dummy.close()

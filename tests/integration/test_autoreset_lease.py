@@ -123,23 +123,22 @@ def test_one_pool_leased_in_each_mode_steps_as_sync_vector_env(pool: PoolServer)
 
 def test_leasing_the_mode_served_already_keeps_the_envs_where_they_were(
         pool: PoolServer) -> None:
+    local = _local(AutoresetMode.SAME_STEP)
+    local.reset(seed=3)
+    left = np.zeros(N, dtype=np.int64)
     first = RemoteVectorEnv.from_pool(POOL, num_envs=N, autoreset_mode="SameStep")
     try:
         first.reset(seed=3)
-        obs, *_ = first.step(np.zeros(N, dtype=np.int64))
+        _same(first.step(left)[0], local.step(left)[0], "first lease's step")
     finally:
         first.close()
     again = RemoteVectorEnv.from_pool(POOL, num_envs=N, autoreset_mode="SameStep")
     try:
         # no switch, no reset due: the episodes go on, as a warm pool's always did
-        nxt, *_ = again.step(np.zeros(N, dtype=np.int64))
-        local = _local(AutoresetMode.SAME_STEP)
-        local.reset(seed=3)
-        local.step(np.zeros(N, dtype=np.int64))
-        _same(nxt, local.step(np.zeros(N, dtype=np.int64))[0], "second lease's first step")
-        local.close()
+        _same(again.step(left)[0], local.step(left)[0], "second lease's first step")
     finally:
         again.close()
+        local.close()
 
 
 def test_a_bad_mode_is_refused_at_attach_before_any_lease(pool: PoolServer) -> None:

@@ -23,9 +23,9 @@ from torchrl.envs.libs.gym import GymWrapper
 from torchrl.envs.utils import check_env_specs
 
 from remote_env import spec
+from remote_env import torchrl as remote_torchrl
 from remote_env.driver.vector import RemoteVectorEnv
 from remote_env.pool.server import PoolServer
-from remote_env import torchrl as remote_torchrl
 from remote_env.torchrl import gym_wrapper
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -178,3 +178,20 @@ def test_sb3_adapter_leases_the_pool_in_same_step_and_equals_dummy_vec_env(
     finally:
         remote.close()
         dummy.close()
+
+
+def test_adopted_actors_serving_another_mode_are_refused_by_name() -> None:
+    """Actors of one's own (not a pool's) keep the mode they were built with: a vector
+    env over them in another mode would hand out that mode's results as its own."""
+    host = RemoteVectorEnv.host_class().remote(
+        [lambda: gym.make("CartPole-v1")] * 2, autoreset_mode="NextStep")
+    try:
+        ray.get(host.start.remote())
+        with pytest.raises(ValueError, match=r"existing actor 0 serves autoreset_mode="
+                                             r"'NextStep'.*asked for 'SameStep'"):
+            RemoteVectorEnv.from_actors([host], autoreset_mode="SameStep")
+        envs = RemoteVectorEnv.from_actors([host], autoreset_mode="NextStep")
+        assert envs.reset(seed=0)[0].shape == (2, 4)
+        envs.close()
+    finally:
+        ray.kill(host)

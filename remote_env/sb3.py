@@ -18,6 +18,7 @@ Example:
     >>> from stable_baselines3.common.vec_env import VecMonitor  # doctest: +SKIP
     >>> envs = SB3VecEnv([lambda: gym.make("CartPole-v1")] * 8)  # doctest: +SKIP
     >>> PPO("MlpPolicy", VecMonitor(envs)).learn(10_000)  # doctest: +SKIP
+    >>> envs = SB3VecEnv.from_pool("cartpole", num_envs=8)  # a pool's, leased in SameStep  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -73,6 +74,22 @@ class SB3VecEnv(VecEnv):  # type: ignore[misc,unused-ignore]  # Any without SB3
         super().__init__(envs.num_envs, envs.single_observation_space, envs.single_action_space)
         self.metadata = {k: v for k, v in envs.metadata.items() if k != "autoreset_mode"}
         self._actions: Any = None
+
+    @classmethod
+    def from_pool(cls, name: str, *,
+                  autoreset_mode: str | AutoresetMode = AutoresetMode.SAME_STEP,
+                  **kwargs: Any) -> SB3VecEnv:
+        """This adapter over envs leased from the running pool ``name``
+        (:meth:`RemoteVectorEnv.from_pool`'s ``kwargs``), served in ``autoreset_mode``
+        whatever the pool's spec says: SAME_STEP by default, where the actors reset a
+        finished env within its step, as SB3 wants, and neither NEXT_STEP's extra step
+        nor DISABLED's reset costs a round trip. Closing it releases the lease."""
+        envs = RemoteVectorEnv.from_pool(name, autoreset_mode=autoreset_mode, **kwargs)
+        try:
+            return cls(envs)
+        except BaseException:
+            envs.close()
+            raise
 
     # ------------------------------------------------------------------ steps
     def reset(self) -> Any:

@@ -58,10 +58,14 @@ class HostCore:
         restarts: Sequence[int] | None = None,
         multi_agent_hint: bool | None = None,
     ) -> None:
+        # the mode the actor was built with (a pool's spec): each lease starts in it, and
+        # its trainer may switch it for the lease (lease_mode)
+        self._default_mode = AutoresetMode(autoreset_mode)
         self._slots = EnvSlots(env_fns, restart_failed=restart_failed,
                                max_restarts=max_restarts, restart_backoff_s=restart_backoff_s,
-                               restart_seeds=restart_seeds, restart_counts=restarts)
-        self._stepper = EnvStepper(self._slots, AutoresetMode(autoreset_mode))
+                               restart_seeds=restart_seeds, restart_counts=restarts,
+                               mode=self._default_mode)
+        self._stepper = EnvStepper(self._slots, self._default_mode)
         self._runner = BatchRunner(threads)
         self._multi_agent_hint = multi_agent_hint
         self._info: dict[str, Any] | None = None
@@ -115,8 +119,14 @@ class HostCore:
             return {**self._info, "failures": failures}
 
     def describe(self) -> dict[str, Any] | None:
-        """What :meth:`start` returned, None before it succeeded."""
-        return self._info
+        """What :meth:`start` returned, None before it succeeded; with the autoreset mode
+        served now and the positions of envs a mode switch left due for a reset (a
+        driver adopting this actor refuses a step of those before their reset)."""
+        with self._lock:
+            if self._info is None:
+                return None
+            return {**self._info, "autoreset_mode": self._stepper.mode.value,
+                    "reset_required": self._slots.reset_required()}
 
     # ------------------------------------------------------------------ calls
     def ping(self) -> int:
@@ -194,8 +204,28 @@ class HostCore:
     def fence(self, epoch: int) -> int:
         """Refuse calls of leases older than ``epoch`` from now on; returns the fence."""
         with self._lock:
-            self._fence = max(self._fence, int(epoch))
+            if epoch > self._fence:
+                self._new_lease(int(epoch))
             return self._fence
+
+    def lease_mode(self, epoch: int, mode: str) -> dict[str, Any]:
+        """Serve lease ``epoch`` in autoreset ``mode`` (its trainer's, asked at attach)
+        until a newer lease comes; returns :meth:`describe`.
+
+        An env whose episode started in another mode is due for a reset (gymnasium's
+        order after a switch: reset, then step); one whose episode started in ``mode``
+        goes on. A newer lease starts again in the actor's own mode.
+
+        Raises:
+            LeaseLostError: a newer lease was granted on this actor.
+            ValueError: ``mode`` is not a gymnasium ``AutoresetMode`` value.
+        """
+        asked = AutoresetMode(mode)
+        with self._lock:
+            self.fenced(epoch, self._stepper.switch, asked)
+            info = self.describe()
+            assert info is not None, "lease_mode before start()"
+            return info
 
     def fenced(self, epoch: int, call: Callable[..., Any], *args: Any) -> Any:
         """``call(*args)`` for the holder of lease ``epoch``, which raises the fence to it.
@@ -208,8 +238,15 @@ class HostCore:
                 raise errors.LeaseLostError(
                     f"this actor's envs were leased to another trainer (lease epoch "
                     f"{self._fence} > this call's {epoch}): the lease expired; attach again")
-            self._fence = epoch
+            if epoch > self._fence:  # the fence call of this lease has not come (yet)
+                self._new_lease(epoch)
             return call(*args)
+
+    def _new_lease(self, epoch: int) -> None:
+        """A newer lease holds the envs from now on: in the actor's own mode until its
+        trainer asks for another (a mode is per lease, never left over for the next)."""
+        self._fence = epoch
+        self._stepper.switch(self._default_mode)
 
     def close(self) -> list[tuple[int, str]]:
         """Close every sub-env (after the call running, if any); ``(position, error)`` of

@@ -132,6 +132,11 @@ class SubEnvHost:
         calls it when it grants a lease); returns the fence."""
         return self._core.fence(epoch)
 
+    def lease_mode(self, epoch: int, mode: str) -> dict[str, Any]:
+        """Serve lease ``epoch`` in autoreset ``mode`` (:meth:`HostCore.lease_mode`; a
+        pool trainer asks for its mode when it attaches)."""
+        return self._core.lease_mode(epoch, mode)
+
     def fenced(self, epoch: int, method: str, *args: Any) -> Any:
         """``method(*args)`` for the holder of lease ``epoch`` (pool trainers call this).
 

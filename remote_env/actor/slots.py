@@ -20,6 +20,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector import AutoresetMode
 
 from remote_env import multi_agent
 from remote_env import restarts as restart_rules
@@ -81,6 +82,11 @@ class EnvSlot:
     needs_reset: bool = False
     #: recreated after a failure and not reset since
     fresh: bool = False
+    #: the autoreset mode its episode started in (its last reset; the actor's own before)
+    episode_mode: AutoresetMode = AutoresetMode.NEXT_STEP
+    #: the actor serves another mode now (a lease's): its episode means nothing in that
+    #: one (one NEXT_STEP ended, one DISABLED left over), so it is reset before a step
+    mode_changed: bool = False
     seed: int | None = None
     restarts: int = 0
     #: consecutive failures: ended by a good step, not by a reset (an env that resets
@@ -112,8 +118,12 @@ class EnvSlots:
         restart_backoff_s: float,
         restart_seeds: Sequence[int | None] | None = None,
         restart_counts: Sequence[int] | None = None,
+        mode: AutoresetMode = AutoresetMode.NEXT_STEP,
     ) -> None:
         self._restart = restart_failed
+        # some env's mode_changed is set: the stepper's lean loop leaves them to the
+        # generic code (one check a call rather than one an env)
+        self._mode_changed = False
         # a good step is the proof of health (healthy_after_s=0)
         self._crash_loop = restart_rules.CrashLoop(max_restarts, restart_backoff_s)
         self._slots = [
@@ -124,6 +134,7 @@ class EnvSlots:
                 seed=None if restart_seeds is None else restart_seeds[i],
                 needs_reset=restart_seeds is not None,
                 fresh=restart_seeds is not None,
+                episode_mode=mode,
             )
             for i, fn in enumerate(env_fns)
         ]
@@ -143,6 +154,15 @@ class EnvSlots:
 
     def restart_counts(self) -> list[int]:
         return [s.restarts for s in self._slots]
+
+    def reset_required(self) -> list[int]:
+        """Positions of the envs not reset since the autoreset mode changed."""
+        return [s.index for s in self._slots if s.mode_changed]
+
+    @property
+    def mode_changed(self) -> bool:
+        """Some env is due for a reset because the autoreset mode changed."""
+        return self._mode_changed
 
     # ------------------------------------------------------------- lifecycle
     def create_all(self) -> list[Failure]:
@@ -203,10 +223,15 @@ class EnvSlots:
             slot.seed = seed
         return seed
 
-    def was_reset(self, slot: EnvSlot, obs: Any) -> None:
+    def was_reset(self, slot: EnvSlot, obs: Any, mode: AutoresetMode) -> None:
+        """``slot`` was reset, its new episode stepped in ``mode``."""
         slot.needs_reset = False
         slot.fresh = False
+        slot.episode_mode = mode
         slot.last_obs = obs
+        if slot.mode_changed:
+            slot.mode_changed = False
+            self._mode_changed = any(s.mode_changed for s in self._slots)
 
     def stepped(self, slot: EnvSlot, obs: Any) -> None:
         """A good step: it ends a crash loop."""
@@ -222,6 +247,16 @@ class EnvSlots:
     def reset_due(self, slot: EnvSlot) -> None:
         """Its episode ended (NEXT_STEP) or its step failed (DISABLED): reset first."""
         slot.needs_reset = True
+
+    def serving(self, mode: AutoresetMode) -> None:
+        """The actor steps in ``mode`` from now on: an env whose episode started in
+        another must be reset before its next step (an episode a NEXT_STEP lease left
+        ended, or a DISABLED one left over, is not one another mode can continue;
+        gymnasium asks for a reset after a switch too). Back in its episode's mode, an
+        env goes on where it was."""
+        for slot in self._slots:
+            slot.mode_changed = slot.episode_mode is not mode
+        self._mode_changed = any(s.mode_changed for s in self._slots)
 
     # --------------------------------------------------------------- internals
     def _create(self, slot: EnvSlot, *, first: bool) -> Failure | None:

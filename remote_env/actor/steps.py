@@ -79,6 +79,17 @@ class EnvStepper:
     def kind(self) -> EnvKind:
         return self._kind
 
+    @property
+    def mode(self) -> AutoresetMode:
+        return self._mode
+
+    def switch(self, mode: AutoresetMode) -> None:
+        """Step in ``mode`` from now on (a lease's); envs whose episode started in
+        another mode are due for a reset (:meth:`EnvSlots.serving`)."""
+        if mode is not self._mode:
+            self._mode = mode
+            self._slots.serving(mode)
+
     def learned(self, kind: EnvKind) -> None:
         """What the actor's start found out about its envs."""
         self._kind = kind
@@ -119,7 +130,7 @@ class EnvStepper:
             if not isinstance(info, dict):
                 raise MalformedResultError(f"reset returned info of type {type(info).__name__}, "
                                            "expected a dict")
-        self._slots.was_reset(slot, obs)
+        self._slots.was_reset(slot, obs, self._mode)
         return obs, info
 
     # ------------------------------------------------------------------- step
@@ -128,7 +139,9 @@ class EnvStepper:
 
     async def _step(self, slot: EnvSlot, action: Any) -> Any:
         kind = self._kind
-        if slot.needs_reset and self._mode is AutoresetMode.NEXT_STEP:
+        # NEXT_STEP's pending autoreset; in any mode, the reset a mode switch makes due
+        # (the lease's driver asks for it first: a trainer of an older version may not)
+        if slot.mode_changed or (slot.needs_reset and self._mode is AutoresetMode.NEXT_STEP):
             obs, _, _, _, info, failure = await self._reset(slot, None, None)
             if kind.multi_agent:
                 agents = multi_agent.agent_ids(obs)
@@ -221,9 +234,10 @@ class EnvStepper:
         seen: list[EnvSlot] = []  # good steps taken here: their obs is the last seen
         seen_obs: list[Any] = []
         missing = False  # an env out of restarts before its first observation
+        switched = slots.mode_changed  # resets a mode switch made due: the generic code's
         for p, action in zip(positions, actions, strict=True):
             slot = slots[p]
-            if slot.needs_reset or slot.streak.failures:
+            if slot.needs_reset or slot.streak.failures or switched:
                 r = run_sync(self._step(slot, action))
             else:
                 try:

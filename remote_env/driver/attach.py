@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -30,6 +31,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
+
+from gymnasium.vector import AutoresetMode
 
 from remote_env import errors, ray_connect
 from remote_env import spec as spec_mod
@@ -121,8 +124,11 @@ class _PoolReplacer:
     """``actor_replacer`` for RemoteVectorEnv: the pool server replaces, we wait."""
 
     def __init__(self, registry: Any, namespace: str, slot_of: dict[str, int],
-                 first_env: dict[int, int], timeout_s: float, lease_id: str) -> None:
+                 first_env: dict[int, int], timeout_s: float, lease_id: str,
+                 serve_mode: Callable[[Sequence[Any]], None] = lambda handles: None) -> None:
         self.registry = registry
+        #: the replacement (built in the pool's own mode) serves this lease's mode too
+        self.serve_mode = serve_mode
         self.lease_id = lease_id
         self.namespace = namespace
         self.slot_of = slot_of
@@ -144,6 +150,7 @@ class _PoolReplacer:
             if "slot" in res:
                 info: pool_slot.SlotInfo = res["slot"]
                 handle = ray.get_actor(info.actor_name, namespace=self.namespace)
+                self.serve_mode([handle])
                 self.slot_of[info.actor_id] = slot
                 return handle
             if "removed" in res:
@@ -202,6 +209,7 @@ def lease_pool(
     replace_timeout_s: float = 300.0,
     trainer: str | None = None,
     reclaim: bool = True,
+    autoreset_mode: str | AutoresetMode | None = None,
     **kwargs: Any,
 ) -> PoolGrant:
     """Lease envs of the running pool ``name`` (``RemoteVectorEnv.from_pool``'s work).
@@ -227,11 +235,17 @@ def lease_pool(
         reclaim: record this process's Ray identity (:func:`holder`) with the lease,
             so the pool server frees it as soon as Ray reports this actor or driver
             dead; False: the lease ends only by ``close()`` or ``lease_timeout_s``.
+        autoreset_mode: the gymnasium ``AutoresetMode`` (or its value: ``"NextStep"``,
+            ``"SameStep"``, ``"Disabled"``) this trainer steps in; the leased actors
+            serve this lease in it (TorchRL wants SameStep or Disabled, RLlib NextStep).
+            None: the pool spec's ``autoresetMode``. When the actors last served
+            another mode, every env must be reset before its first step.
         **kwargs: :class:`RemoteVectorEnv` options (``batch_wait_ms``, ``copy``,
-            ``step_timeout_s``, ``registry``, ...). Defaults come from the pool spec;
-            ``autoreset_mode`` must match the pool's.
+            ``step_timeout_s``, ``registry``, ...). Defaults come from the pool spec.
 
     Raises:
+        ValueError: ``autoreset_mode`` is not an autoreset mode, or the pool's actors
+            (of a version before per-lease modes) cannot serve it.
         PoolNotFoundError: no pool ``name`` on this Ray cluster.
         lease_actor.LeaseError: not enough free envs within ``wait_s``, or the
             pool's registry did not answer within it (it was restarting).
@@ -241,6 +255,8 @@ def lease_pool(
             raise TypeError(f"from_pool() does not take {key!r}: the pool's actors are used as-is")
     if lease_timeout_s <= 0:
         raise ValueError(f"lease_timeout_s must be > 0, got {lease_timeout_s}")
+    # before a lease is taken: a typo costs nobody's envs
+    asked = None if autoreset_mode is None else _autoreset_mode(name, autoreset_mode)
     # the local Ray / in-cluster head; a head still starting is waited for like the pool
     ray_connect.connect(address, default="auto", wait_s=wait_s)
     ns = namespace or spec_mod.ray_namespace(name)
@@ -265,7 +281,7 @@ def lease_pool(
                           [s.slot for s in lease["slots"]], lease_timeout_s, lease["epoch"],
                           ray_holder)
     try:
-        return _build(name, ns, registry, lease, keeper, replace_timeout_s, kwargs)
+        return _build(name, ns, registry, lease, keeper, replace_timeout_s, asked, kwargs)
     except BaseException:
         keeper.release()
         raise
@@ -340,25 +356,63 @@ def _acquire(registry: Any, who: str, num_envs: int | None, ttl_s: float,
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
+def _autoreset_mode(name: str, asked: str | AutoresetMode) -> AutoresetMode:
+    """``asked`` as an ``AutoresetMode`` (the enum or its value), or a ValueError saying
+    what the pool can serve."""
+    try:
+        return AutoresetMode(asked)
+    except ValueError:
+        modes = ", ".join(repr(m) for m in spec_mod.AUTORESET_MODES)
+        raise ValueError(
+            f"from_pool({name!r}, autoreset_mode={asked!r}): not a gymnasium AutoresetMode; "
+            f"a pool serves each lease in the mode its trainer asks for: one of {modes} "
+            "(or gymnasium.vector.AutoresetMode.NEXT_STEP, ...)") from None
+
+
+def serve_mode(name: str, handles: Sequence[Any], epoch: int, mode: AutoresetMode,
+               pool_mode: AutoresetMode) -> None:
+    """Have the leased actors serve lease ``epoch`` in ``mode`` (each one switches, and a
+    newer lease starts again in the pool's own mode).
+
+    Raises:
+        ValueError: an actor of a version before per-lease modes serves only the pool's.
+    """
+    import ray
+
+    refs = []
+    for handle in handles:
+        try:
+            refs.append(handle.lease_mode.remote(epoch, mode.value))
+        except AttributeError:  # an actor of an older version: no such method
+            if mode is not pool_mode:
+                raise ValueError(
+                    f"pool {name!r} cannot serve autoreset_mode={mode.value!r}: its actors "
+                    f"predate per-lease autoreset modes and serve only the spec's "
+                    f"{pool_mode.value!r}; ask for {pool_mode.value!r} (or leave "
+                    "autoreset_mode out), or update the pool") from None
+    ray.get(refs)
+
+
 def _build(name: str, ns: str, registry: Any, lease: dict[str, Any], keeper: _LeaseKeeper,
-           replace_timeout_s: float, kwargs: dict[str, Any]) -> PoolGrant:
+           replace_timeout_s: float, asked: AutoresetMode | None,
+           kwargs: dict[str, Any]) -> PoolGrant:
     import ray
 
     pool = spec_mod.parse_manifest(lease["pool_info"]["document"])
     slots: list[pool_slot.SlotInfo] = lease["slots"]
-    mode = pool.autoreset_mode
-    asked = kwargs.pop("autoreset_mode", mode)
-    if str(getattr(asked, "value", asked)) != mode:
-        raise ValueError(f"pool {name!r} runs autoreset_mode={mode} (its actors autoreset); "
-                         f"got autoreset_mode={asked!r}")
+    pool_mode = AutoresetMode(pool.autoreset_mode)
+    mode = pool_mode if asked is None else asked
     handles = [ray.get_actor(s.actor_name, namespace=ns) for s in slots]
+    serve_mode(name, handles, keeper.epoch, mode, pool_mode)
     first_env: dict[int, int] = {}
     n = 0
     for s in slots:
         first_env[s.slot] = n
         n += s.num_envs
     replacer = _PoolReplacer(registry, ns, {s.actor_id: s.slot for s in slots}, first_env,
-                             replace_timeout_s, keeper.lease_id)
+                             replace_timeout_s, keeper.lease_id,
+                             functools.partial(serve_mode, name, epoch=keeper.epoch, mode=mode,
+                                               pool_mode=pool_mode))
     ft = pool.fault_tolerance
     options: dict[str, Any] = {
         "batch_wait_ms": pool.batch_wait_ms,

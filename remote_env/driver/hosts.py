@@ -182,6 +182,7 @@ class HostTable:
                     f"{len(env_ids)} of num_envs={num_envs} are left"
                 )
             self._add(handle, env_ids, owned=False)
+            self._adopted(len(self._hosts) - 1, desc)
             starts.append((len(self._hosts) - 1, None))
             next_id += len(env_ids)
         while next_id < num_envs:
@@ -204,6 +205,22 @@ class HostTable:
             infos.append(info)
             self.created(h)
         return infos
+
+    def _adopted(self, h: int, desc: Mapping[str, Any]) -> None:
+        """An adopted host's autoreset mode must be this env's (the actor autoresets:
+        another mode's results would pass for this one's); envs its mode switch left
+        due for a reset must be reset first. Actors of older versions say neither."""
+        served = desc.get("autoreset_mode")
+        asked = self._options.autoreset_mode.value
+        if served is not None and served != asked:
+            raise ValueError(
+                f"existing actor {h} serves autoreset_mode={served!r}, this vector env was "
+                f"asked for {asked!r}: a pool's actors serve the mode asked when attaching "
+                f"(RemoteVectorEnv.from_pool(..., autoreset_mode={asked!r})); build actors "
+                "of your own with the mode you step in")
+        required = desc.get("reset_required") or []
+        if required:
+            self._ledger.reset_required(self._hosts[h].env_ids[required])
 
     def _add(self, handle: Any, env_ids: list[int], *, owned: bool) -> None:
         self._hosts.append(Host(handle, np.asarray(env_ids, dtype=np.int64), owned))

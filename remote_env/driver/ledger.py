@@ -39,6 +39,11 @@ class EnvLedger:
     def mark_reset(self, env_ids: np.ndarray) -> None:
         self._was_reset[env_ids] = True
 
+    def reset_required(self, env_ids: np.ndarray) -> None:
+        """Adopted envs whose actor switched its autoreset mode for this vector env:
+        their episodes mean nothing in this mode, a step before a reset is refused."""
+        self._was_reset[env_ids] = False
+
     def check_reset(self, env_ids: np.ndarray) -> None:
         """gymnasium's order: reset before the first step (``ResetNeeded``, before sending)."""
         if self._was_reset[env_ids].all():

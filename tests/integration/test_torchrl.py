@@ -2,8 +2,8 @@
 
 ``GymWrapper`` over RemoteVectorEnv passes TorchRL's ``check_env_specs`` and rolls out
 exactly as over gymnasium's ``SyncVectorEnv`` (same seeds, same actions), in both modes
-TorchRL steps, locally and on a pool whose spec says SameStep; NEXT_STEP (the default)
-is our error, before TorchRL's.
+TorchRL steps, locally and on a pool whose spec says NextStep, asked for SameStep when
+attaching; NEXT_STEP (the default) is our error, before TorchRL's.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import gymnasium as gym
 import pytest
 import ray.cloudpickle
 import torch
+from gymnasium.vector import AutoresetMode
 from tensordict import TensorDictBase
 from torchrl.envs.libs.gym import GymWrapper
 from torchrl.envs.utils import check_env_specs
 
 from remote_env import spec
+from remote_env import torchrl as remote_torchrl
 from remote_env.driver.vector import RemoteVectorEnv
 from remote_env.pool.server import PoolServer
 from remote_env.torchrl import gym_wrapper
@@ -80,12 +82,14 @@ def test_next_step_autoreset_is_our_error_before_torchrls() -> None:
         envs.close()
 
 
-@pytest.fixture
-def same_step_pool() -> Iterator[PoolServer]:
+@pytest.fixture(scope="module")
+def next_step_pool() -> Iterator[PoolServer]:
+    # the spec's default mode (NextStep), which TorchRL cannot step: the trainer asks
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=True)
     doc = {"apiVersion": "envpool.dev/v1alpha1", "kind": "EnvPool",
            "metadata": {"name": "torchrl-cartpole"},
-           "spec": {"env": {"id": "CartPole-v1"}, "replicas": N, "envsPerActor": 2,
-                    "autoresetMode": "SameStep"}}
+           "spec": {"env": {"id": "CartPole-v1"}, "replicas": N, "envsPerActor": 2}}
     server = PoolServer(spec.parse_manifest(doc), http_port=0, health_interval_s=0.3)
     server.start_background()
     try:
@@ -95,8 +99,11 @@ def same_step_pool() -> Iterator[PoolServer]:
         server.close(destroy=True)
 
 
-def test_specs_check_and_rollout_on_a_same_step_pool(same_step_pool: PoolServer) -> None:
-    env = gym_wrapper(RemoteVectorEnv.from_pool("torchrl-cartpole", num_envs=N))
+def test_specs_check_and_rollout_on_a_pool_asked_for_same_step(
+        next_step_pool: PoolServer) -> None:
+    envs = RemoteVectorEnv.from_pool("torchrl-cartpole", num_envs=N, autoreset_mode="SameStep")
+    assert envs.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
+    env = gym_wrapper(envs)
     try:
         check_env_specs(env)
         td = env.rollout(600, _policy, break_when_any_done=False)
@@ -105,6 +112,25 @@ def test_specs_check_and_rollout_on_a_same_step_pool(same_step_pool: PoolServer)
         assert bool(td["next", "done"].any(dim=1).all())
     finally:
         env.close()
+
+
+def test_the_helper_leases_a_pool_in_a_mode_torchrl_steps(next_step_pool: PoolServer) -> None:
+    with pytest.raises(ValueError, match=r"steps autoreset mode 'SameStep' or 'Disabled', not "
+                                         r"'NextStep'"):
+        remote_torchrl.from_pool("torchrl-cartpole", autoreset_mode="NextStep")
+    for mode in ("SameStep", "Disabled"):  # each lease switches the same actors
+        env = (remote_torchrl.from_pool("torchrl-cartpole", num_envs=N) if mode == "SameStep"
+               else remote_torchrl.from_pool("torchrl-cartpole", num_envs=N,
+                                             autoreset_mode=mode))
+        try:
+            assert env._env.autoreset_mode is AutoresetMode(mode)
+            check_env_specs(env)
+            td = env.rollout(100, _policy, break_when_any_done=False)
+            assert bool(td["next", "done"].any(dim=1).all())  # each env's episode ended
+        finally:
+            env.close()
+    # closing the wrapper released the lease: the whole pool is free again
+    RemoteVectorEnv.from_pool("torchrl-cartpole", num_envs=N, autoreset_mode="SameStep").close()
 
 
 def test_gym_wrapper_refuses_multi_agent_envs() -> None:

@@ -59,3 +59,46 @@ def test_a_stale_call_over_the_channel_is_a_lease_lost_error() -> None:
         chan.close()
     finally:
         host.close()
+
+
+def _short_cartpole() -> gym.Env:  # type: ignore[type-arg]
+    return gym.make("CartPole-v1", max_episode_steps=3)
+
+
+def test_each_lease_gets_the_autoreset_mode_it_asked_for_and_the_next_starts_over() -> None:
+    host = SubEnvHost([_short_cartpole] * 2)  # the pool's own mode: NextStep
+    host.start()
+    assert host.describe()["autoreset_mode"] == "NextStep"
+    # lease 5 asks for SameStep: a switch, so both envs are due for a reset
+    info = host.lease_mode(5, "SameStep")
+    assert (info["autoreset_mode"], info["reset_required"]) == ("SameStep", [0, 1])
+    host.fenced(5, "reset", [0, 1], [0, 1], None)
+    assert host.describe()["reset_required"] == []
+    for _ in range(2):
+        host.fenced(5, "step", [0, 1], [0, 1])
+    batch = host.fenced(5, "step", [0, 1], [0, 1])  # the 3rd step truncates: same-step reset
+    assert batch.truncations.all() and "final_obs" in batch.infos[0]
+    # the next lease (a newer epoch) is served in the pool's mode again, due for a reset
+    assert host.fence(6) == 6
+    assert host.describe()["autoreset_mode"] == "NextStep"
+    assert host.describe()["reset_required"] == [0, 1]
+    # a trainer that steps anyway (an older version, which cannot know) gets the reset
+    batch = host.fenced(6, "step", [0, 1], [0, 1])
+    assert not batch.truncations.any() and host.describe()["reset_required"] == []
+    # asking for the mode served already changes nothing: the envs go on where they are
+    assert host.lease_mode(7, "NextStep")["reset_required"] == []
+    # an older lease cannot switch the mode of a newer one; a bad value is refused
+    with pytest.raises(errors.LeaseLostError):
+        host.lease_mode(6, "Disabled")
+    with pytest.raises(ValueError, match="Sometimes"):
+        host.lease_mode(7, "Sometimes")
+    assert host.describe()["autoreset_mode"] == "NextStep"
+    # a lease in the mode the episodes started in goes on with them, though the newer
+    # lease's fence switched the actor back to its own mode in between
+    assert host.lease_mode(8, "SameStep")["reset_required"] == [0, 1]
+    host.fenced(8, "reset", [0, 1], [0, 1], None)
+    host.fence(9)
+    assert host.describe()["reset_required"] == [0, 1]  # NextStep now: not their episodes'
+    assert host.lease_mode(9, "SameStep")["reset_required"] == []
+    assert host.fenced(9, "step", [0, 1], [0, 1]).indices == [0, 1]
+    host.close()

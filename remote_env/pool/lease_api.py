@@ -31,6 +31,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import hmac
+import json
 import logging
 import os
 import threading
@@ -329,8 +330,6 @@ def make_app(service: LeaseService, token: bytes) -> Any:
     def route(method: Callable[[Mapping[str, Any]], dict[str, Any]]) -> Any:
         async def handle(request: Any) -> Any:
             raw = await request.read()
-            import json
-
             try:
                 body = json.loads(raw or b"{}")
             except ValueError as exc:

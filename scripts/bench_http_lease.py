@@ -67,10 +67,11 @@ def main() -> None:
     n = args.envs
     actions = np.random.default_rng(0).integers(0, 2, size=(256, n))
     ways = {
-        "shm": lambda: RemoteVectorEnv.from_pool("bench", num_envs=n),
+        "shm": lambda: RemoteVectorEnv.from_pool("bench", num_envs=n, wait_s=60),
         "http_tcp": lambda: RemoteVectorEnv.from_pool("bench", url=server.lease_url,
-                                                      token=TOKEN, num_envs=n),
-        "ray": lambda: RemoteVectorEnv.from_pool("bench", num_envs=n, transport="ray"),
+                                                      token=TOKEN, num_envs=n, wait_s=60),
+        "ray": lambda: RemoteVectorEnv.from_pool("bench", num_envs=n, transport="ray",
+                                                 wait_s=60),
     }
     sps: dict[str, list[float]] = {w: [] for w in ways}
     attach: dict[str, list[float]] = {w: [] for w in ways}

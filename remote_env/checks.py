@@ -63,7 +63,12 @@ def options(*, envs_per_actor: Any, threads_per_actor: Any, max_restarts: Any,
     duration("start_timeout_s", start_timeout_s, none="a replacement may take forever to start")
     duration("close_timeout_s", close_timeout_s, none="wait for every sub-env's close()")
     duration("restart_backoff_s", restart_backoff_s)
-    duration("spin_us", spin_us)
+    if not (isinstance(spin_us, str) and spin_us == "auto"):
+        try:
+            duration("spin_us", spin_us)
+        except ValueError:
+            raise ValueError(f"spin_us must be a finite number >= 0 or 'auto', "
+                             f"got {spin_us!r}") from None
     if transport not in TRANSPORTS:
         raise ValueError(
             f"transport must be 'auto' (shared memory and a Unix socket to actors on this "

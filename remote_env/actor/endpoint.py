@@ -109,16 +109,18 @@ class ChannelEndpoint:
         return self._core.fenced(epoch, self._calls[method], *args)
 
     # ------------------------------------------------------------ shared arrays
-    def open_shared(self, name: str, spin_s: float = 0.0) -> tuple[shared_arrays.Layout, int] | None:
+    def open_shared(self, name: str, spin_s: float = 0.0,
+                    adaptive: bool = False) -> tuple[shared_arrays.Layout, int] | None:
         """Create segment ``name`` for this connection's driver; None: not for these envs.
 
         Only over a channel (its thread is the connection): the driver maps the
         segment, unlinks its name, then calls :meth:`shared_step`. ``spin_s``: how long
-        this connection looks for the driver's next call before sleeping
+        this connection looks for the driver's next call before sleeping, only while
+        calls come back-to-back if ``adaptive``
         (:meth:`~remote_env.wire.channel.ChannelServer.spin`).
         """
         if self._server is not None:
-            self._server.spin(spin_s)
+            self._server.spin(spin_s, adaptive)
         info = self._core.describe()
         if info is None or info["multi_agent"] or info["other_spaces"]:
             return None  # per-env shapes differ, or results are dicts: keep pickling

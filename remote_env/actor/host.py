@@ -146,9 +146,10 @@ class SubEnvHost:
         return self._endpoint.fenced(epoch, method, *args)
 
     # ------------------------------------------------------------ shared arrays
-    def open_shared(self, name: str, spin_s: float = 0.0) -> tuple[shared_arrays.Layout, int] | None:
+    def open_shared(self, name: str, spin_s: float = 0.0,
+                    adaptive: bool = False) -> tuple[shared_arrays.Layout, int] | None:
         """:meth:`ChannelEndpoint.open_shared` (its callers come over the channel)."""
-        return self._endpoint.open_shared(name, spin_s)
+        return self._endpoint.open_shared(name, spin_s, adaptive)
 
     def shared_step(self, positions: Sequence[int], actions: Any = None) -> Batch:
         """:meth:`ChannelEndpoint.shared_step` (its callers come over the channel)."""

@@ -43,6 +43,11 @@ IMPLS = ("remote_env", "remote_env_async", "remote_env_defaults", "remote_env_pi
 #: With ``--simulate-nodes``: the defaults with every actor on the driver's node
 #: (shared memory), and on the other nodes over the channel's TCP path or Ray calls.
 OFF_NODE_IMPLS = ("remote_env_on_node", "remote_env_off_node", "remote_env_off_node_ray")
+#: On request (``--impl``): the tuned and the default configs with ``copy=False``
+#: (observations handed out as views of the shared-memory batch, no copy out); the
+#: defaults with the actors' spin at ``"auto"`` and at a fixed 500 µs.
+EXTRA_IMPLS = ("remote_env_nocopy", "remote_env_defaults_nocopy",
+               "remote_env_defaults_spinauto", "remote_env_defaults_spin500")
 #: the custom resources that place them (the simulated nodes advertise them)
 ON_NODE, OFF_NODE = "envpool_bench_driver_node", "envpool_bench_other_node"
 PEERS = ("gymnasium_sync", "gymnasium_async", "rllib_remote_base_env")
@@ -148,6 +153,12 @@ def bench(workload: str, n: int, seconds: float, reps: int, impls: list[str],
         "remote_env": lambda: run_remote_env(fn, n, seconds, cfg),
         "remote_env_async": lambda: run_remote_env(async_fn, n, seconds, async_cfg),  # type: ignore[arg-type]
         "remote_env_defaults": lambda: run_remote_env(fn, n, seconds, {}),
+        "remote_env_nocopy": lambda: run_remote_env(fn, n, seconds, {**cfg, "copy": False}),
+        "remote_env_defaults_nocopy": lambda: run_remote_env(fn, n, seconds, {"copy": False}),
+        "remote_env_defaults_spinauto": lambda: run_remote_env(fn, n, seconds,
+                                                               {"spin_us": "auto"}),
+        "remote_env_defaults_spin500": lambda: run_remote_env(fn, n, seconds,
+                                                              {"spin_us": 500.0}),
         # the older data paths, at the defaults: compare with remote_env_defaults
         "remote_env_pickle": lambda: run_remote_env(fn, n, seconds, {"transport": "pickle"}),
         "remote_env_ray": lambda: run_remote_env(fn, n, seconds, {"transport": "ray"}),
@@ -353,8 +364,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--num-envs", type=int, nargs="+", default=[8, 64])
     p.add_argument("--seconds", type=float, default=3.0, help="per repetition")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--impl", choices=IMPLS + OFF_NODE_IMPLS, nargs="+", default=None,
-                   help="implementations to run (default: all; with --simulate-nodes also "
+    p.add_argument("--impl", choices=IMPLS + OFF_NODE_IMPLS + EXTRA_IMPLS, nargs="+",
+                   default=None,
+                   help="implementations to run (default: all but "
+                   f"{', '.join(EXTRA_IMPLS)}; with --simulate-nodes also "
                    f"{', '.join(OFF_NODE_IMPLS)})")
     p.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     p.add_argument("--address", help="a running Ray cluster to use (default: a fresh "

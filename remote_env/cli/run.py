@@ -48,9 +48,10 @@ def add_parser(sub: Any) -> None:
                    "ray: Ray calls only (default %(default)s)")
     p.add_argument("--batch-wait-ms", type=float, default=_default("batchWaitMs"),
                    help="how long recv() waits for more ready envs (default %(default)s)")
-    p.add_argument("--spin-us", type=float, default=0.0,
+    p.add_argument("--spin-us", type=_spin_us, default=0.0,
                    help="how long an actor on this node looks for the next call before it "
-                   "sleeps; ~500 for cheap envs (see README) (default %(default)s)")
+                   "sleeps; ~500 for cheap envs (see README); auto: 500 only while calls "
+                   "come back-to-back (default %(default)s)")
     p.add_argument("--splits-per-actor", type=int, default=1,
                    help="send each actor's envs as this many calls, so the actor steps one "
                    "split while the driver handles another; try 2 with one actor per spare "
@@ -73,6 +74,11 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(fn=run)
 
 
+def _spin_us(text: str) -> float | str:
+    """``--spin-us``: ``auto`` or a number of µs (checked in :func:`check`)."""
+    return "auto" if text == "auto" else float(text)
+
+
 def _default(field: str) -> object:
     """An EnvPool field's default: `envpool run` runs a pool as the spec would."""
     return FIELDS[f"spec.{field}"].default
@@ -88,7 +94,7 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for flag, value in (("--max-restarts", args.max_restarts),
                         ("--step-timeout", args.step_timeout),
                         ("--batch-wait-ms", args.batch_wait_ms),
-                        ("--spin-us", args.spin_us)):
+                        ("--spin-us", 0.0 if args.spin_us == "auto" else args.spin_us)):
         if not math.isfinite(value):  # NaN passes a plain < 0
             parser.error(f"{flag} must be a finite number, got {value}")
         if value < 0:

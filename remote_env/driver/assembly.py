@@ -134,8 +134,19 @@ class Assembler:
                 if all_infos[src]:
                     infos = merger._add_info(infos, all_infos[src], j)
         if self.box_obs:
-            # a slice copies rows without a gather
-            obs = self.observations[span].copy() if span is not None else self.observations[ids]
+            got = batches[0][1].obs
+            if (not self.copy and span is not None and len(batches) == 1
+                    and type(got) is np.ndarray and got.flags.writeable
+                    and got.dtype == self.observations.dtype and len(got) == m):
+                # the batch as it came: rows of the shared-memory segment (valid until
+                # these envs are sent again: the actor writes their next rows there) or
+                # an array of its own (the socket's pickled path). No copy out, and no
+                # fresh array of this size each call (big ones cost page faults). Not
+                # Ray's read-only arrays (object store memory): those are copied
+                obs: Any = got
+            else:  # a slice copies rows without a gather
+                obs = (self.observations[span].copy() if span is not None
+                       else self.observations[ids])
         else:
             buf: Any = create_empty_array(self.space, m, fn=np.zeros)
             obs = concatenate(self.space, [self.env_obs[int(e)] for e in ids], buf)

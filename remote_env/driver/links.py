@@ -105,11 +105,13 @@ class Links:
     """One link per host: its channel once opened (actors on this node), Ray calls
     otherwise, and while a replacement's start is not checked yet."""
 
-    def __init__(self, ray: Any, *, transport: str, spin_us: float,
+    def __init__(self, ray: Any, *, transport: str, spin_us: float, adaptive: bool,
                  open_timeout_s: float | None, epoch: int | None) -> None:
         self._ray = ray
         self._transport = transport
+        #: the actors' spin (s); ``adaptive``: only while calls come back-to-back
         self._spin_s = spin_us / 1e6
+        self._adaptive = adaptive
         self._open_timeout_s = open_timeout_s
         self._epoch = epoch
         self._node_id: str | None = (
@@ -163,7 +165,10 @@ class Links:
         """
         name = shared_arrays.new_name()
         try:
-            where = channel.get(chan.call(("open_shared", name, self._spin_s)), self._ray)
+            # the flag only when set: a host from before it still opens plain spins
+            message = (("open_shared", name, self._spin_s, True) if self._adaptive
+                       else ("open_shared", name, self._spin_s))
+            where = channel.get(chan.call(message), self._ray)
             return None if where is None else shared_arrays.SharedArrays(name, *where,
                                                                          create=False)
         except Exception:  # an older host, or it died: the socket path still works

@@ -7,9 +7,19 @@ from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from remote_env import checks
+
+#: ``spin_us="auto"``: how long (µs) an actor looks for the next call before it sleeps,
+#: while the calls come back-to-back (the hand-tuned value of README "Benchmarks")
+AUTO_SPIN_US = 500.0
+#: ``spin_us="auto"`` spins only if a call's observations are at most this many bytes:
+#: past that the driver's share of a call (storing the frames) needs the core a spinning
+#: actor would hold (image 84x84x4 in calls of 8, one run on 2 cores: 42,842 steps/s
+#: with a 500 µs adaptive spin, 45,576 without; README "Benchmarks", issue 34)
+AUTO_SPIN_MAX_OBS_BYTES = 64 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +41,7 @@ class Options:
     close_timeout_s: float | None
     threads_per_actor: int
     transport: str
-    spin_us: float
+    spin_us: float | str
     splits_per_actor: int
     actor_options: Mapping[str, Any]
 
@@ -39,6 +49,17 @@ class Options:
 def check(**options: Any) -> None:
     """Bad options raise here, before Ray is touched or any actor exists."""
     checks.options(**options)
+
+
+def auto_spin_us(obs_space: Any, envs_per_actor: int, splits_per_actor: int) -> float:
+    """What ``spin_us="auto"`` spins (µs, while calls come back-to-back): AUTO_SPIN_US
+    for calls whose observations are small, none for big ones (see above). Spaces
+    that are not Box (pickled, sizes unknown) count as small."""
+    nbytes = 0
+    if isinstance(obs_space, gym.spaces.Box):
+        per_call = -(-envs_per_actor // max(1, splits_per_actor))
+        nbytes = int(np.prod(obs_space.shape, dtype=np.int64)) * obs_space.dtype.itemsize * per_call
+    return AUTO_SPIN_US if nbytes <= AUTO_SPIN_MAX_OBS_BYTES else 0.0
 
 
 def envs_per_actor_for(num_envs: int, cpus: int) -> int:

@@ -127,7 +127,17 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             per core: a Ray call costs ~1-3 ms, so few, large calls win for cheap envs.
         batch_wait_ms: how long :meth:`recv` waits for more envs once called.
         autoreset_mode: gymnasium autoreset mode (NEXT_STEP, SAME_STEP, DISABLED).
-        copy: return copies of observations (as ``SyncVectorEnv`` does).
+        copy: return copies of observations (as ``SyncVectorEnv`` does). False (as
+            ``AsyncVectorEnv(copy=False)``): no copy out. :meth:`recv` returns the
+            rows of the shared-memory batch the actor wrote (``transport="auto"`` on
+            the driver's node, one call's envs in id order: the usual ``recv``); they
+            stay valid until those envs are sent again (``send``/``step``/``reset``
+            of them: the actor writes their next rows in place), so the views of one
+            split survive the ``recv`` of another. ``step``/``reset`` return the
+            driver's batch buffer, valid until the next ``step``/``reset``. Where there
+            is no shared memory (``transport="pickle"``/``"ray"``, other nodes) or a
+            ``recv`` gathers several calls, what is returned is an array of its own
+            (as with ``copy=True``: Ray's read-only arrays are copied).
         observation_mode: ``"same"``, ``"different"`` or ``(observation_space,
             single_observation_space)``, as for ``SyncVectorEnv``.
         restart_failed_sub_environments: restart a sub-env that raises, or whose
@@ -159,10 +169,17 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             Either way Ray creates, supervises and kills the actors.
         spin_us: with ``transport="auto"``, how long (µs) a host actor on this node
             looks for the next call before it sleeps, yielding its core between looks.
-            0 (default): it sleeps at once. For cheap envs stepped in a tight loop a few
-            hundred µs spares each call a wake-up and cold caches (CartPole, 64 envs in
-            two actors on 2 cores: see README "Benchmarks"), at the price of that CPU
-            when the next call is late.
+            For cheap envs stepped in a tight loop a few hundred µs spares each call a
+            wake-up and cold caches (CartPole, 64 envs in two actors on 2 cores: see
+            README "Benchmarks"), at the price of that CPU when the next call is late.
+            0 (default): it sleeps at once; a number: it always spins that long.
+            ``"auto"``: 500 µs, but only while the calls come back-to-back (the last
+            one came within it); after a longer gap (a learner update, a trainer
+            pacing its steps) the actor sleeps at once until they do again. No spin
+            when a call's observations pass 64 KiB (8 Atari-sized frames): the driver
+            then needs the core a spinning actor would hold. Not the default: on the
+            shared 2-core test machine it did not measure faster than 0 (README
+            "Benchmarks", issue 34).
         splits_per_actor: send each actor's envs as this many calls (Sample Factory's
             ``worker_num_splits``): an actor steps one split while the driver handles
             the reply of another, so with one actor per spare core the driver and the
@@ -216,7 +233,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         close_timeout_s: float | None = 5.0,
         threads_per_actor: int = 1,
         transport: str = "auto",
-        spin_us: float = 0.0,
+        spin_us: float | str = 0.0,
         splits_per_actor: int = 1,
         existing_actors: Sequence[Any] | None = None,
         on_sub_environment_created: Callable[[Any, int], None] | None = None,
@@ -262,7 +279,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             max_restarts=max_restarts, restart_backoff_s=restart_backoff_s,
             step_timeout_s=step_timeout_s, start_timeout_s=start_timeout_s,
             close_timeout_s=close_timeout_s, threads_per_actor=threads_per_actor,
-            transport=transport, spin_us=float(spin_us), splits_per_actor=int(splits_per_actor),
+            transport=transport, spin_us=spin_us if spin_us == "auto" else float(spin_us),
+            splits_per_actor=int(splits_per_actor),
             actor_options=dict(actor_options or {}))
         self._state = _State.IDLE
         # the results being handed out by this public call and the state to go back to
@@ -308,7 +326,11 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self.render_mode = info["render_mode"]
         self._assembler = Assembler(self.single_observation_space, n,
                                     multi_agent=self.multi_agent, copy=o.copy)
-        self._links = Links(self._ray, transport=o.transport, spin_us=o.spin_us,
+        auto = o.spin_us == "auto"
+        spin_us = (options_mod.auto_spin_us(self.single_observation_space, o.envs_per_actor,
+                                            o.splits_per_actor)
+                   if auto else float(o.spin_us))
+        self._links = Links(self._ray, transport=o.transport, spin_us=spin_us, adaptive=auto,
                             open_timeout_s=o.start_timeout_s,
                             epoch=None if self._lease is None else self._lease.epoch)
         for handle in self._hosts.handles():
@@ -434,7 +456,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         return self._options.transport
 
     @property
-    def spin_us(self) -> float:
+    def spin_us(self) -> float | str:
         return self._options.spin_us
 
     @property

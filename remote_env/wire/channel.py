@@ -162,9 +162,10 @@ class ChannelServer:
         threading.Thread(target=self._accept, args=(sock,), name="envpool-chan",
                          daemon=True).start()
 
-    def spin(self, seconds: float) -> None:
+    def spin(self, seconds: float, adaptive: bool = False) -> None:
         """From the handler: before sleeping for this connection's next call, look for it
-        ``seconds`` first (0: sleep at once).
+        ``seconds`` first (0: sleep at once); ``adaptive``: only while the calls come
+        back-to-back (:meth:`~remote_env.wire.protocol.Frames.spin_for`).
 
         Why: on a small VM a sleeping thread's wake-up costs ~10-20 us and comes back to
         cold caches; a driver stepping cheap envs sends the next call within a few
@@ -172,7 +173,7 @@ class ChannelServer:
         """
         frames = getattr(self._local, "frames", None)
         if frames is not None:
-            frames.spin_for(seconds)
+            frames.spin_for(seconds, adaptive)
 
     def connection_epoch(self) -> int | None:
         """From the handler: the lease epoch the connection being served authenticated

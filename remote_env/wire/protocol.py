@@ -327,10 +327,28 @@ class Frames:
         #: before sleeping in ``recv``, look for the next frame this long (s), giving the
         #: core away between looks (see :meth:`~remote_env.wire.channel.ChannelServer.spin`)
         self.spin_s = 0.0
+        #: spin only after a short gap (see :meth:`spin_for`)
+        self.adaptive = False
+        #: the last wait for a frame ended within ``spin_s`` (adaptive: spin in the next)
+        self._came_soon = False
 
-    def spin_for(self, seconds: float) -> None:
-        """Look for the next frame this long before sleeping in ``recv`` (0: sleep at once)."""
+    def spin_for(self, seconds: float, adaptive: bool = False) -> None:
+        """Look for the next frame this long before sleeping in ``recv`` (0: sleep at once).
+
+        ``adaptive``: only while calls come back-to-back, i.e. when the last frame came
+        within ``seconds`` of the wait for it. A gap longer than that (the trainer
+        busy with a learner update, or pacing its steps) turns the spin off until a
+        frame comes soon again, so a waiting actor sleeps instead of burning a core;
+        the price is one sleeping wait (a wake-up) when the steps resume.
+        """
         self.spin_s = max(0.0, float(seconds))
+        self.adaptive = bool(adaptive)
+        self._came_soon = False
+
+    @property
+    def spins_next(self) -> bool:
+        """The next wait for a frame looks for it before it sleeps."""
+        return bool(self.spin_s) and (self._came_soon or not self.adaptive)
 
     @property
     def mid_frame(self) -> bool:
@@ -351,7 +369,7 @@ class Frames:
             n = self._end - self._start
             self._buf[:n] = self._buf[self._start:self._end]
             self._start, self._end = 0, n
-        n = self._spin() if self.spin_s else -1
+        n = self._spin() if self.spins_next else -1
         if n < 0:
             n = self._sock.recv_into(self._view[self._end:])
         if n == 0:
@@ -403,8 +421,14 @@ class Frames:
 
     def wait(self) -> tuple[int, int, memoryview]:
         """The next frame, reading as long as it takes."""
+        if not self.adaptive:
+            while (frame := self.next()) is None:
+                self.fill()
+            return frame
+        t0 = time.perf_counter()
         while (frame := self.next()) is None:
             self.fill()
+        self._came_soon = time.perf_counter() - t0 < self.spin_s
         return frame
 
 

@@ -146,3 +146,99 @@ def test_a_spinning_actor_stops_spinning_when_the_driver_pauses() -> None:
         remote.step(np.zeros(2, dtype=np.int64))  # and it still answers
     finally:
         remote.close()
+
+
+def _recv_all(envs: RemoteVectorEnv, n: int) -> dict[int, tuple[Any, ...]]:
+    """Every env's (obs, reward, terminated, truncated) of one round of recv()s, by id."""
+    got: dict[int, tuple[Any, ...]] = {}
+    while len(got) < n:
+        obs, rew, term, trunc, info = envs.recv(timeout=30)
+        for j, e in enumerate(info["env_id"].tolist()):
+            got[e] = (obs[j].copy(), rew[j], term[j], trunc[j])
+    return got
+
+
+def test_copy_false_hands_out_views_of_the_segment_that_match_the_copies() -> None:
+    """copy=False: recv() returns rows of the shared-memory batch, equal step for step to
+    what copy=True returns; one split's rows survive the recv of the other, and are
+    rewritten (the documented end of their validity) once their envs are sent again."""
+    n = 4  # one actor of 4 in two splits of 2: two calls in flight
+    kw: dict[str, Any] = {"envs_per_actor": 4, "splits_per_actor": 2, "batch_wait_ms": 0.0}
+    views = RemoteVectorEnv([examples.SparseInfoCartPole] * n, copy=False, **kw)
+    copies = RemoteVectorEnv([examples.SparseInfoCartPole] * n, **kw)
+    try:
+        assert not views.copy and copies.copy
+        np.testing.assert_array_equal(views.reset(seed=9)[0], copies.reset(seed=9)[0])
+        rng = np.random.default_rng(2)
+        for _ in range(150):  # episodes end on the way: autoreset rows too
+            a = rng.integers(0, 2, size=n)
+            views.send(a)
+            copies.send(a)
+            got, want = _recv_all(views, n), _recv_all(copies, n)
+            for e in range(n):
+                for g, w in zip(got[e], want[e], strict=True):
+                    np.testing.assert_array_equal(g, w)
+        assert all(h.shared for h in views.hosts())
+
+        views.send(np.zeros(n, dtype=np.int64))
+        first_obs, _, _, _, first_info = views.recv(timeout=30)
+        first_ids = first_info["env_id"].tolist()
+        # a view, not an array of its own: the rows the actor wrote
+        assert first_obs.base is not None and not first_obs.flags.owndata
+        kept = first_obs.copy()
+        second_obs, _, _, _, second_info = views.recv(timeout=30)
+        second_ids = second_info["env_id"].tolist()
+        assert sorted(first_ids + second_ids) == list(range(n))
+        assert not np.shares_memory(first_obs, second_obs)
+        np.testing.assert_array_equal(first_obs, kept)  # the other split's recv left it be
+        # sending those envs again reuses their rows: the old view shows the new step
+        views.send(np.ones(len(first_ids), dtype=np.int64), first_ids)
+        again_obs, _, _, _, again_info = views.recv(timeout=30)
+        assert again_info["env_id"].tolist() == first_ids
+        assert np.shares_memory(again_obs, first_obs)
+        np.testing.assert_array_equal(first_obs, again_obs)
+        assert not np.array_equal(first_obs, kept)
+        # copy=True hands out arrays of its own
+        copies.send(np.zeros(n, dtype=np.int64))
+        own = copies.recv(timeout=30)[0]
+        assert own.flags.owndata
+        _recv_all(copies, n - len(own))
+    finally:
+        views.close()
+        copies.close()
+
+
+def test_an_auto_spin_steps_exactly_and_an_idle_trainer_costs_its_actor_no_spinning() -> None:
+    """spin_us="auto": the actors spin only while the calls come back-to-back."""
+    n = 4
+    remote = RemoteVectorEnv([examples.SparseInfoCartPole] * n, envs_per_actor=2,
+                             spin_us="auto")
+    sync = gym.vector.SyncVectorEnv([examples.SparseInfoCartPole] * n)
+    try:
+        assert remote.spin_us == "auto"
+        np.testing.assert_array_equal(remote.reset(seed=4)[0], sync.reset(seed=4)[0])
+        rng = np.random.default_rng(3)
+        for _ in range(100):
+            a = rng.integers(0, 2, size=n)
+            assert_same_step(remote.step(a), sync.step(a))
+        # the actors took the flag (a host that refused it would have no shared arrays)
+        assert all(h.shared for h in remote.hosts())
+        pids = remote._ray.get([a.ping.remote() for a in remote.actors])
+
+        def cpu_s() -> float:
+            total = 0.0
+            for pid in pids:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            return total
+
+        # a trainer that paces its steps 50 ms apart: every gap is past the spin
+        before = cpu_s()
+        for _ in range(20):
+            remote.step(np.zeros(n, dtype=np.int64))
+            time.sleep(0.05)
+        assert cpu_s() - before < 0.2  # 2 actors over ~1 s: stepping, not spinning
+    finally:
+        remote.close()
+        sync.close()

@@ -360,6 +360,41 @@ def test_a_spinning_reader_takes_a_frame_that_comes_within_its_spin_and_sleeps_a
         b.close()
 
 
+def test_an_adaptive_spin_spins_only_after_a_frame_that_came_soon() -> None:
+    a, b = socket.socketpair()
+    try:
+        frames = protocol.Frames(b)
+        frames.spin_for(0.2, adaptive=True)
+
+        def wait_for(after_s: float, body: bytes) -> float:
+            """CPU seconds of a wait for a frame sent ``after_s`` from now."""
+            threading.Timer(after_s, lambda: a.sendall(protocol.frame(1, 0, body))).start()
+            c0 = time.process_time()
+            assert bytes(frames.wait()[2]) == body
+            return time.process_time() - c0
+
+        assert not frames.spins_next  # no gap seen yet: it sleeps at once
+        assert wait_for(0.15, b"first") < 0.05  # (a spin would burn most of 0.15 s)
+        assert frames.spins_next  # that one came within the spin: the next wait spins
+        wait_for(0.01, b"second")
+        assert frames.spins_next
+        wait_for(0.4, b"late")  # a gap past the spin (a learner update) ...
+        assert not frames.spins_next  # ... and the next wait sleeps at once
+        assert wait_for(0.3, b"still idle") < 0.05  # an idle trainer costs no spinning
+        assert not frames.spins_next
+        wait_for(0.01, b"resumed")  # back-to-back calls again: spinning again
+        assert frames.spins_next
+        frames.spin_for(0.2)  # not adaptive: every wait spins, whatever the gap
+        wait_for(0.4, b"fixed")
+        assert frames.spins_next
+        frames.spin_for(0.0, adaptive=True)  # no spin at all
+        wait_for(0.0, b"none")
+        assert not frames.spins_next
+    finally:
+        a.close()
+        b.close()
+
+
 def test_the_handler_sets_the_spin_of_its_own_connection_only(server: Any) -> None:
     seen: list[float] = []
 

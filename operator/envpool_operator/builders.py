@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from envpool_operator import access, names, pod_templates
+from envpool_operator import access, gcs_store, names, pod_templates
 from envpool_operator import settings as settings_mod
 from remote_env import spec as spec_mod
 from remote_env.spec.pool_report import PoolReport
@@ -85,6 +85,9 @@ def _ray_cluster_spec(
     }
     if pool.ray.token_auth:
         out["authOptions"] = {"mode": "token"}
+    gcs_ft = gcs_store.gcs_fault_tolerance_options(pool)
+    if gcs_ft is not None:
+        out["gcsFaultToleranceOptions"] = gcs_ft
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import secrets
 import threading
 import time
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from typing import Any, Final, cast
 
 import kopf
 
-from envpool_operator import builders, kube, names
+from envpool_operator import builders, gcs_store, kube, names
 from envpool_operator import runtime as runtime_mod
 from envpool_operator import settings as settings_mod
 from envpool_operator import status as status_mod
@@ -173,7 +174,9 @@ def _apply_children(
             raise _Stop(*refusal, ray_cluster=mine)
         children = builders.build_children(pool, runtime.settings,
                                            workers=workers_for(pool, body, existing))
-        kopf.adopt(children, owner=kopf.Body(cast(Any, copy.deepcopy(dict(body)))))
+        children += gcs_store.build_redis_children(pool, runtime.settings)
+        owner = kopf.Body(cast(Any, copy.deepcopy(dict(body))))
+        kopf.adopt(children, owner=owner)
         if existing is None:
             # First creation: let the API server judge every child (quota,
             # RBAC, schema) before any is written, so a refusal leaves nothing
@@ -183,6 +186,8 @@ def _apply_children(
             # applied after the Role.
             kube.apply_all([c for c in children if c.get("kind") != "RoleBinding"],
                            dry_run=True)
+        # Before the Redis that reads it (after the dry run: nothing made if refused).
+        _create_redis_password(pool, owner)
         # Two waves of writes at once (a slow API server costs two round trips, not
         # six): the RoleBinding needs its Role, and the pods the ServiceAccount and the
         # ConfigMap; the rest needs nothing of each other.
@@ -194,6 +199,16 @@ def _apply_children(
         raise _Stop(exc.problem, exc.delay) from None
     return next((out for child, out in zip(second, stored, strict=True)
                  if child.get("kind") == "RayCluster"), {})
+
+
+def _create_redis_password(pool: spec_mod.PoolSpec, owner: kopf.Body) -> None:
+    """Secret ``<name>-redis`` for the pool's own Redis, created once with a fresh
+    password (never read back, never rotated: the GCS and the Redis hold it)."""
+    if not pool.head_fault_tolerance.provisioned:
+        return
+    secret = gcs_store.build_password_secret(pool, secrets.token_urlsafe(32))
+    kopf.adopt(secret, owner=owner)
+    kube.create_once(secret)
 
 
 #: Children written after the others: they refer to them (RoleBinding -> Role; the

@@ -109,6 +109,9 @@ def _example(namespace: str) -> dict[str, Any]:
     ray["head"] = _placed({"resources": HEAD_RESOURCES})
     ray["worker"] = _placed({"resources": WORKER_RESOURCES, "envsPerWorker": 8})
     doc["spec"]["faultTolerance"] = {"stepTimeoutSeconds": STEP_TIMEOUT_S}
+    # The opt-out: test 7 pins what a pool without GCS fault tolerance does when its head
+    # goes (as before issue 31); test_head_fault_tolerance.py the default.
+    doc["spec"]["headFaultTolerance"] = {"enabled": False}
     return doc
 
 
@@ -133,6 +136,9 @@ class Journey:
             "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
                           "limits": {"memory": "512Mi"}},
         }
+        if self.node.redis_image:
+            # the pools' own Redis (GCS fault tolerance, on by default): Debian's, imported
+            values["redis"] = {"image": self.node.redis_image}
         vfile = self.tmp / "values.yaml"
         vfile.write_text(yaml.safe_dump(values))
         self.kube.helm("install", self.release, str(CHART), "-n", self.ns, "-f", str(vfile),

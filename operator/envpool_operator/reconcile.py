@@ -302,11 +302,15 @@ class StatusWrites:
 def refresh_from_ray_cluster(
     ray_cluster: Mapping[str, Any] | None, pool_key: tuple[str, str],
     runtime: runtime_mod.Runtime, written: StatusWrites | None = None,
-) -> None:
+) -> tuple[dict[str, Any], tuple[str, str, str]] | None:
     """A RayCluster changed: recompute its EnvPool's status and patch it if different
-    (from the last EnvPool seen and, if given, what was ``written`` since)."""
+    (from the last EnvPool seen and, if given, what was ``written`` since).
+
+    Returns the EnvPool and the Event to post about it when the head's availability
+    changed (:func:`status.head_event`: an outage began or ended), else None.
+    """
     if not runtime.remember_ray_cluster(pool_key, ray_cluster):
-        return
+        return None
     with runtime.pool_lock(pool_key):
         body = runtime.pool_body(pool_key)
         if body is not None and written is not None:
@@ -317,6 +321,10 @@ def refresh_from_ray_cluster(
             runtime.metrics.status_updates.inc()
             if written is not None:
                 written.wrote(pool_key, st)
+        if body is None or st is None:
+            return None
+        event = status_mod.head_event(status_mod.status_of(body), st)
+        return (dict(body), event) if event is not None else None
 
 
 def counted(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any,

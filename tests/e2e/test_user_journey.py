@@ -110,7 +110,7 @@ def _example(namespace: str) -> dict[str, Any]:
     ray["worker"] = _placed({"resources": WORKER_RESOURCES, "envsPerWorker": 8})
     doc["spec"]["faultTolerance"] = {"stepTimeoutSeconds": STEP_TIMEOUT_S}
     # The opt-out: test 7 pins what a pool without GCS fault tolerance does when its head
-    # goes (as before issue 31); test_head_fault_tolerance.py the default.
+    # goes (as before issue 31); test_head_loss_real_node.py the default.
     doc["spec"]["headFaultTolerance"] = {"enabled": False}
     return doc
 

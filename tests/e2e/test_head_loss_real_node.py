@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from journey_kit import last_json
+from journey_kit import last_json, peak_rss_bytes
 from real_node import RealNode
 from test_user_journey import HEAD_RESOURCES, STEP_TIMEOUT_S, WORKER_RESOURCES, Journey, _placed
 
@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "manifests" / "examples" / "cartpole.yaml"
 POOL = "headft"
 ENVS = 16
+#: RemoteVectorEnv.from_pool's default lease_timeout_s.
+LEASE_TTL_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -136,14 +138,28 @@ def test_the_head_pod_deleted_while_two_trainers_step(journey: Journey) -> None:
                             "-o", "custom-columns=REASON:.reason,MSG:.message", check=False).stdout
     print(f"[headft] HeadAvailable {head_cond}\n[headft] events:\n{events}")
 
+    # A lease rebuilt by the restarted lease actor gets one full ttl (60 s): after more
+    # than that, only the trainers' heartbeats (renewals through the new head) keep it.
+    time.sleep(max(0.0, LEASE_TTL_S + 10 - (time.monotonic() - t0 - j.figures[
+        "head_deleted_to_pool_server_ready_s"])))
+    later = j.server_status()
+    print(f"[headft] leases {LEASE_TTL_S + 10:.0f}s after the new pool server: {_leases(later)}")
+    renewed = _leases(later) == leases_before
+    j.figures["leases_kept_past_one_ttl"] = float(renewed)
+
     results = {n: j.stop_stepping(n) for n in ("ft-a", "ft-b")}
     print(f"[headft] trainers: {results}")
     for name, res in results.items():
         j.figures[f"{name}_steps"] = res["steps"]
         j.figures[f"{name}_errors"] = res["errors"]
         j.figures[f"{name}_slowest_recv_s"] = res["slowest_recv_s"]
+    redis = _redis_pod(j)
+    rss = peak_rss_bytes(redis["metadata"]["uid"]) if redis else None
+    if rss is not None:
+        j.figures["redis_peak_rss_mib"] = rss / 2**20
     assert recreated == 0, (ids_before, ids_after)
     assert _leases(after) == leases_before
+    assert renewed, f"the trainers' leases did not outlive one ttl after the head: {later['leases']}"
     for name, res in results.items():
         assert res["done"] is True and res["unanswered"] == 0, (name, res)
         assert res["errors"] == 0, (name, res)

@@ -166,3 +166,55 @@ def test_the_head_pod_deleted_while_two_trainers_step(journey: Journey) -> None:
     assert head_cond["status"] == "True"
     assert "HeadUnavailable" in events and "HeadRecovered" in events, events
     assert last_json(j.logs("ft-a"), "done") is not None
+
+
+def test_then_the_redis_pod_deleted(journey: Journey) -> None:
+    """The pool's own Redis (an emptyDir) deleted: what a user sees, and that the pool
+    comes back by itself. Observed and recorded, not prescribed: the GCS loses its
+    store; the README says what follows."""
+    j = journey
+    before = j.server_status()
+    ids_before = _actor_ids(before)
+    (head,) = j.pods("head")
+    restarts_before = {c["name"]: c.get("restartCount", 0)
+                       for c in head["status"].get("containerStatuses", [])}
+    old = _redis_pod(j)
+    assert old is not None
+    t0 = time.monotonic()
+    j.kube.kubectl("delete", "pod", old["metadata"]["name"], "-n", j.ns, "--wait=false")
+
+    def new_redis() -> dict[str, Any] | None:
+        pod = _redis_pod(j)
+        return pod if pod is not None and pod["metadata"]["uid"] != old["metadata"]["uid"] else None
+
+    j.kube.wait_until(new_redis, timeout=120, interval=1, what="a new Redis pod")
+    j.figures["redis_deleted_to_new_redis_s"] = time.monotonic() - t0
+    seen: list[str] = []
+
+    def settled() -> dict[str, Any] | None:
+        ep = j.epool()
+        phase = ep.get("status", {}).get("phase", "")
+        if not seen or seen[-1] != phase:
+            seen.append(phase)
+        if time.monotonic() - t0 < 60:  # give a consequence time to show
+            return None
+        try:
+            st = j.server_status()
+        except (pytest.fail.Exception, ValueError, KeyError):
+            return None
+        return st if phase == "Ready" and st["readyEnvs"] == ENVS else None
+
+    after = j.kube.wait_until(settled, timeout=480, interval=2, what="the pool Ready again")
+    j.figures["redis_deleted_to_ready_s"] = time.monotonic() - t0
+    heads = j.pods("head")
+    restarts_after = {c["name"]: c.get("restartCount", 0)
+                      for h in heads for c in h["status"].get("containerStatuses", [])}
+    ids_after = _actor_ids(after)
+    recreated = sum(1 for slot, aid in ids_after.items() if ids_before.get(slot) != aid)
+    j.figures["redis_deleted_actors_recreated"] = recreated
+    same_head = [h["metadata"]["uid"] for h in heads] == [head["metadata"]["uid"]]
+    print(f"\n[headft] Redis deleted: phases {seen}; same head pod {same_head}; head "
+          f"containers' restarts {restarts_before} -> {restarts_after}; actors re-created "
+          f"{recreated} of {len(ids_before)}; Ready again after "
+          f"{j.figures['redis_deleted_to_ready_s']:.1f} s")
+    assert after["readyEnvs"] == ENVS

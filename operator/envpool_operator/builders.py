@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import yaml
 
-from envpool_operator import access, names, pod_templates
+from envpool_operator import access, gcs_store, names, pod_templates
 from envpool_operator import settings as settings_mod
 from remote_env import spec as spec_mod
 from remote_env.spec.pool_report import PoolReport
@@ -37,10 +37,17 @@ from remote_env.spec.pool_report import PoolReport
 #: generation (and the operator default image) its RayCluster was made with until
 #: its pods must be replaced anyway (see :func:`render_for`): an operator upgrade
 #: that renders pods differently must not restart every warm pool in the cluster.
-RENDER_GENERATION: Final = 1
+RENDER_GENERATION: Final = 2
+#: The generation that brought GCS fault tolerance (the pool outlives its head pod;
+#: its Redis is rendered with it) and the lease API for trainers without Ray.
+GCS_FT_GENERATION: Final = 2
+LEASE_API_GENERATION: Final = 2
 #: What each generation after the first changed in the pods (the PodsCurrent
 #: condition quotes it to say what an older pool would gain from new pods).
-GENERATION_CHANGES: Final[Mapping[int, str]] = {}
+GENERATION_CHANGES: Final[Mapping[int, str]] = {
+    2: "GCS fault tolerance: the pool and its leases outlive the head pod "
+       "(spec.headFaultTolerance); the lease API for trainers without Ray (port 8267)",
+}
 #: The value of the EnvPool annotation ``envpool.dev/render`` that asks for this
 #: operator's rendering now (new Ray pods).
 RENDER_LATEST: Final = "latest"
@@ -107,11 +114,11 @@ def render_for(
 
         >>> from envpool_operator import settings as s
         >>> pool = spec_mod.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 8}, name="cp")
-        >>> old = build_ray_cluster(pool, s.Settings(image="envpool:1.0"))
+        >>> old = build_ray_cluster(pool, s.Settings(), render=Render(1, "envpool:1.0"))
         >>> render_for(pool, s.Settings(image="envpool:2.0"), old)
         Render(generation=1, default_image='envpool:1.0')
         >>> render_for(pool, s.Settings(image="envpool:2.0"), old, requested="latest")
-        Render(generation=1, default_image='envpool:2.0')
+        Render(generation=2, default_image='envpool:2.0')
     """
     current = Render.current(settings)
     pinned = Render.of_ray_cluster(existing)
@@ -203,6 +210,9 @@ def _ray_cluster_spec(
     }
     if pool.ray.token_auth:
         out["authOptions"] = {"mode": "token"}
+    gcs_ft = gcs_store.gcs_fault_tolerance_options(pool)
+    if gcs_ft is not None and render.generation >= GCS_FT_GENERATION:
+        out["gcsFaultToleranceOptions"] = gcs_ft
     return out
 
 

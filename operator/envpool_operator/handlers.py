@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import prometheus_client
@@ -192,7 +192,12 @@ def ray_cluster_event_fn(
     key = (body.metadata.namespace or "", pool_name)
     rc = None if type == "DELETED" else dict(body)
     try:
-        reconcile.refresh_from_ray_cluster(rc, key, runtime, _written(memo))
+        head = reconcile.refresh_from_ray_cluster(rc, key, runtime, _written(memo))
+        if head is not None:
+            # the head's outage and recovery, on the EnvPool (kubectl describe epool)
+            pool_body, (etype, reason, message) = head
+            kopf.event(kopf.Body(cast(Any, pool_body)), type=etype, reason=reason, message=message)
+            logger.info(f"EnvPool {key[0]}/{key[1]}: {reason}: {message}")
         if type == "DELETED" and runtime.knows_pool(key):
             # Re-read first: the EnvPool itself may be what is being deleted.
             reconcile.reconcile_fresh(key, runtime, logger, _written(memo))

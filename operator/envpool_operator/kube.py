@@ -32,6 +32,9 @@ MERGE: Final = "application/merge-patch+json"
 _KINDS: Final[dict[tuple[str, str], tuple[str, str]]] = {
     ("v1", "ConfigMap"): ("/api/v1", "configmaps"),
     ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
+    ("v1", "Service"): ("/api/v1", "services"),
+    ("v1", "Secret"): ("/api/v1", "secrets"),
+    ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
     ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"):
         ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
@@ -242,6 +245,25 @@ def apply(obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
             forget_ray_api()
         raise problem_from_api_error(exc, what) from exc
     return dict(out or {})
+
+
+def create_once(obj: Mapping[str, Any]) -> bool:
+    """Create ``obj`` unless it exists; True if this call created it.
+
+    For what the operator may write but must never read back (a Secret: it has the
+    ``create`` verb on Secrets and no other): 409 AlreadyExists is success, the object
+    stays as it is.
+    """
+    meta = obj["metadata"]
+    path = _path(obj["apiVersion"], obj["kind"], meta["namespace"])
+    try:
+        _request("POST", path, body=dict(obj), query=[("fieldManager", FIELD_MANAGER)])
+    except k8s_exceptions.ApiException as exc:
+        if exc.status == 409:
+            return False
+        raise problem_from_api_error(
+            exc, f"creating {obj['kind']} {meta['namespace']}/{meta['name']}") from exc
+    return True
 
 
 def apply_all(objs: Sequence[Mapping[str, Any]], *, dry_run: bool = False) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import secrets
 import threading
 import time
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from typing import Any, Final, cast
 
 import kopf
 
-from envpool_operator import builders, kube, names
+from envpool_operator import builders, gcs_store, kube, names
 from envpool_operator import runtime as runtime_mod
 from envpool_operator import settings as settings_mod
 from envpool_operator import status as status_mod
@@ -182,7 +183,13 @@ def _apply_children(
         children = builders.build_children(pool, runtime.settings,
                                            workers=workers_for(pool, body, existing),
                                            render=render)
-        kopf.adopt(children, owner=kopf.Body(cast(Any, copy.deepcopy(dict(body)))))
+        # The pool's own Redis serves the GCS fault tolerance of render generation 2;
+        # a pool kept at generation 1 by an upgrade has none (its head runs without it).
+        ft_render = render.generation >= builders.GCS_FT_GENERATION
+        if ft_render:
+            children += gcs_store.build_redis_children(pool, runtime.settings)
+        owner = kopf.Body(cast(Any, copy.deepcopy(dict(body))))
+        kopf.adopt(children, owner=owner)
         if existing is None:
             # First creation: let the API server judge every child (quota,
             # RBAC, schema) before any is written, so a refusal leaves nothing
@@ -192,6 +199,9 @@ def _apply_children(
             # applied after the Role.
             kube.apply_all([c for c in children if c.get("kind") != "RoleBinding"],
                            dry_run=True)
+        # Before the Redis that reads it (after the dry run: nothing made if refused).
+        if ft_render:
+            _create_redis_password(pool, owner)
         # Two waves of writes at once (a slow API server costs two round trips, not
         # six): the RoleBinding needs its Role, and the pods the ServiceAccount and the
         # ConfigMap; the rest needs nothing of each other.
@@ -203,6 +213,16 @@ def _apply_children(
         raise _Stop(exc.problem, exc.delay) from None
     return next((out for child, out in zip(second, stored, strict=True)
                  if child.get("kind") == "RayCluster"), {})
+
+
+def _create_redis_password(pool: spec_mod.PoolSpec, owner: kopf.Body) -> None:
+    """Secret ``<name>-redis`` for the pool's own Redis, created once with a fresh
+    password (never read back, never rotated: the GCS and the Redis hold it)."""
+    if not pool.head_fault_tolerance.provisioned:
+        return
+    secret = gcs_store.build_password_secret(pool, secrets.token_urlsafe(32))
+    kopf.adopt(secret, owner=owner)
+    kube.create_once(secret)
 
 
 #: Children written after the others: they refer to them (RoleBinding -> Role; the
@@ -296,11 +316,15 @@ class StatusWrites:
 def refresh_from_ray_cluster(
     ray_cluster: Mapping[str, Any] | None, pool_key: tuple[str, str],
     runtime: runtime_mod.Runtime, written: StatusWrites | None = None,
-) -> None:
+) -> tuple[dict[str, Any], tuple[str, str, str]] | None:
     """A RayCluster changed: recompute its EnvPool's status and patch it if different
-    (from the last EnvPool seen and, if given, what was ``written`` since)."""
+    (from the last EnvPool seen and, if given, what was ``written`` since).
+
+    Returns the EnvPool and the Event to post about it when the head's availability
+    changed (:func:`status.head_event`: an outage began or ended), else None.
+    """
     if not runtime.remember_ray_cluster(pool_key, ray_cluster):
-        return
+        return None
     with runtime.pool_lock(pool_key):
         body = runtime.pool_body(pool_key)
         if body is not None and written is not None:
@@ -311,6 +335,10 @@ def refresh_from_ray_cluster(
             runtime.metrics.status_updates.inc()
             if written is not None:
                 written.wrote(pool_key, st)
+        if body is None or st is None:
+            return None
+        event = status_mod.head_event(status_mod.status_of(body), st)
+        return (dict(body), event) if event is not None else None
 
 
 def counted(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any,

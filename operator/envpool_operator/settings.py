@@ -14,6 +14,9 @@ from typing import Any
 from remote_env import spec as spec_mod
 
 DEFAULT_IMAGE = "ghcr.io/envpool-dev/envpool:0.1.0"
+#: The pools' own Redis (``spec.headFaultTolerance``): any image with ``redis-server``
+#: on the PATH that runs as a non-root uid.
+DEFAULT_REDIS_IMAGE = "docker.io/library/redis:7.4"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +49,8 @@ class Settings:
     handler_threads: int = 32
     #: imagePullPolicy for pods the operator creates.
     image_pull_policy: str = "IfNotPresent"
+    #: Image of the Redis the operator runs for each fault-tolerant pool.
+    redis_image: str = DEFAULT_REDIS_IMAGE
 
     @property
     def limits(self) -> spec_mod.Limits:
@@ -102,6 +107,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         autoscale_seconds=_seconds(env, "ENVPOOL_AUTOSCALE_SECONDS", Settings.autoscale_seconds),
         image_pull_policy=env.get("ENVPOOL_IMAGE_PULL_POLICY", "").strip() or "IfNotPresent",
         handler_threads=_positive(env, "ENVPOOL_OPERATOR_THREADS", Settings.handler_threads),
+        redis_image=env.get("ENVPOOL_REDIS_IMAGE", "").strip() or DEFAULT_REDIS_IMAGE,
     )
 
 

@@ -21,7 +21,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from envpool_operator import names
+from envpool_operator import gcs_store, names
 from remote_env import spec as spec_mod
 from remote_env.spec import pool_report as report_mod
 from remote_env.spec.pool_report import PoolReport
@@ -42,8 +42,14 @@ COND_POOL_SERVER_READY: Final = "PoolServerReady"
 COND_ROLLOUT_COMPLETE: Final = "RolloutComplete"
 #: Whether the Ray pods are what this operator renders (an upgrade keeps older ones).
 COND_PODS_CURRENT: Final = "PodsCurrent"
+#: The head pod (GCS, pool server) is ready; False with HeadRecovering/HeadLost during an
+#: outage (issue 31: under GCS fault tolerance the envs and trainers ride it out).
+COND_HEAD_AVAILABLE: Final = "HeadAvailable"
 CONDITION_TYPES: Final = (COND_READY, COND_SPEC_VALID, COND_RAY_CLUSTER_READY,
-                          COND_POOL_SERVER_READY, COND_ROLLOUT_COMPLETE)
+                          COND_POOL_SERVER_READY, COND_ROLLOUT_COMPLETE, COND_HEAD_AVAILABLE,
+                          COND_PODS_CURRENT)
+#: HeadAvailable reasons of an outage (the head was available before).
+HEAD_OUTAGE_REASONS: Final = ("HeadRecovering", "HeadLost")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +159,69 @@ def ray_cluster_condition(
     return _Cond(t, False, "Provisioning",
                  f"RayCluster {name}: head {head}, {ready_workers}/{want} workers "
                  f"ready{first}"), False
+
+
+def head_condition(
+    ray_cluster: Mapping[str, Any] | None, pool: spec_mod.PoolSpec | None,
+    previous: Any,
+) -> _Cond:
+    """HeadAvailable from KubeRay's HeadPodReady, told apart by what an outage costs.
+
+    With GCS fault tolerance a head that was ready and is not is *recovering*: the
+    worker pods and their env actors keep running, trainers stepping over TCP do not
+    notice, and the new head reloads the GCS from Redis. Without it the head's loss is
+    the pool's (*lost*: every env is re-created on the new head). ``previous``: the
+    EnvPool's conditions so far (an outage is a head that was available).
+    """
+    t = COND_HEAD_AVAILABLE
+    if pool is None:
+        return _Cond(t, None, "InvalidSpec", "no valid spec")
+    if ray_cluster is None:
+        return _Cond(t, False, "NotCreated", "the RayCluster has not been created yet")
+    rc_status: Mapping[str, Any] = ray_cluster.get("status") or {}
+    ready = _condition_true(rc_status, "HeadPodReady")
+    if ready is None:
+        ready = rc_status.get("state") == "ready"
+    ft = pool.head_fault_tolerance
+    store = (f"GCS fault tolerance: its state is kept in Redis {gcs_store.redis_address(pool)}"
+             if ft.enabled else "no GCS fault tolerance (spec.headFaultTolerance.enabled: "
+                                "false): its loss re-creates every env")
+    if ready:
+        return _Cond(t, True, "HeadReady", f"the head pod is ready; {store}")
+    old = next((c for c in previous or () if isinstance(c, Mapping) and c.get("type") == t), None)
+    was_up = old is not None and (old.get("status") == "True"
+                                  or old.get("reason") in HEAD_OUTAGE_REASONS)
+    if not was_up:
+        return _Cond(t, False, "HeadStarting", f"the head pod is not ready yet; {store}")
+    if ft.enabled:
+        return _Cond(t, False, "HeadRecovering",
+                     "the head pod is not ready: the worker pods and their env actors keep "
+                     "running (GCS fault tolerance) and trainers keep stepping; leases and "
+                     "new attaches wait for the new head, which reloads the GCS from Redis "
+                     f"{gcs_store.redis_address(pool)}")
+    return _Cond(t, False, "HeadLost",
+                 "the head pod is not ready and the pool has no GCS fault tolerance: its env "
+                 "actors are gone and are re-created on the new head")
+
+
+def head_event(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(type, reason, message) of the Event to post when HeadAvailable changes between two
+    EnvPool statuses: an outage starting, or ending (with how long it lasted)."""
+    def cond(st: Mapping[str, Any]) -> Mapping[str, Any]:
+        return next((c for c in st.get("conditions") or () if isinstance(c, Mapping)
+                     and c.get("type") == COND_HEAD_AVAILABLE), {})
+
+    old, new = cond(before), cond(after)
+    if not new or (old.get("status"), old.get("reason")) == (new.get("status"), new.get("reason")):
+        return None
+    if new.get("reason") in HEAD_OUTAGE_REASONS and old.get("reason") not in HEAD_OUTAGE_REASONS:
+        return "Warning", "HeadUnavailable", str(new.get("message", ""))
+    if new.get("status") == "True" and old.get("reason") in HEAD_OUTAGE_REASONS:
+        gone = report_mod.parse_time(old.get("lastTransitionTime"))
+        back = report_mod.parse_time(new.get("lastTransitionTime"))
+        took = f" after {(back - gone).total_seconds():.0f}s" if gone and back else ""
+        return "Normal", "HeadRecovered", f"the head pod is ready again{took}"
+    return None
 
 
 def estimated_ready_envs(pool: spec_mod.PoolSpec, ray_cluster: Mapping[str, Any] | None) -> int:
@@ -353,6 +422,7 @@ def compute_status(
     conditions = _merge_conditions(
         [ready_cond, spec_cond, rc_cond, pool_cond,
          rollout_condition(written, pool, now=now),
+         head_condition(ray_cluster, pool, previous.get("conditions")),
          pods_current_condition(pool, ray_cluster, render_lag)],
         previous.get("conditions"),
         now=stamp,

@@ -65,9 +65,15 @@ class _LeaseKeeper:
     """
 
     def __init__(self, registry: Any, lease_id: str, trainer: str, slots: Sequence[int],
-                 ttl_s: float, epoch: int = 0, holder: str = "") -> None:
+                 ttl_s: float, epoch: int = 0, holder: str = "",
+                 client_address: str | None = None, namespace: str | None = None) -> None:
         self.registry = registry
         self.holder = holder
+        #: A Ray client address (``ray://...``) this trainer attached through: its
+        #: connection ends at the head's client server, so the head's loss ends it while
+        #: the trainer steps on over TCP; the heartbeat connects again (see _reconnect).
+        self.client_address = client_address
+        self.namespace = namespace
         self.lease_id = lease_id
         self.epoch = epoch
         self.trainer = trainer
@@ -91,12 +97,37 @@ class _LeaseKeeper:
                                   args, self.holder)
             except Exception as exc:  # registry unreachable for now: try again next beat
                 log.warning("lease %s: renew failed: %s", self.lease_id[:8], exc)
+                self._reconnect()
                 continue
             if not ok:
                 self.lost = True
                 log.error("lease %s: lost: another trainer holds some of its envs now",
                           self.lease_id[:8])
                 return
+
+    def _reconnect(self) -> None:
+        """Connect again when the Ray client connection is gone (the head pod was lost and
+        a new one serves, under GCS fault tolerance), and find the lease actor again.
+
+        Only for a Ray client trainer: a driver on a Ray node keeps its connection (its
+        raylet waits for the GCS). The env actors' handles of the old connection are not
+        needed for stepping over TCP; the lease is renewed through the new one.
+        """
+        import ray
+
+        if not (self.client_address or "").startswith("ray://") or ray.is_initialized() \
+                or self._stop.is_set() or self.namespace is None:
+            return
+        try:
+            ray.shutdown()  # the dead client's state
+            ray_connect.connect(self.client_address, wait_s=self.ttl_s / 3)
+            self.registry = lease_actor.get_lease_actor(self.namespace)
+        except Exception as exc:  # the new head is not serving yet: next beat
+            log.warning("lease %s: connecting to Ray again at %s failed: %s",
+                        self.lease_id[:8], self.client_address, exc)
+            return
+        log.warning("lease %s: connected to Ray again at %s (the head restarted)",
+                    self.lease_id[:8], self.client_address)
 
     def check(self) -> None:
         if self.lost:
@@ -273,7 +304,8 @@ def lease_pool(
     lease = _acquire(registry, who, num_envs, lease_timeout_s, wait_s, ray_holder)
     keeper = _LeaseKeeper(registry, lease["lease_id"], who,
                           [s.slot for s in lease["slots"]], lease_timeout_s, lease["epoch"],
-                          ray_holder)
+                          ray_holder, client_address=address or os.environ.get("RAY_ADDRESS"),
+                          namespace=ns)
     try:
         return _build(name, ns, registry, lease, keeper, replace_timeout_s, asked, kwargs)
     except BaseException:

@@ -12,7 +12,8 @@ the leases of the dead ones (:meth:`~remote_env.pool.lease_actor.LeaseActor.recl
 Only Ray's definite word counts: an actor Ray lists as ``DEAD``, or as restarted
 since it leased (its restart count grew: RLlib's EnvRunners have ``max_restarts``,
 and Ray counts the restart when the old process dies, before the new one can lease),
-a job Ray lists as dead. A holder Ray cannot tell about (not found, the GCS call failed, no identity)
+a job Ray lists as dead whose driver's node is alive (:func:`job_died`). A holder Ray cannot
+tell about (not found, the GCS call failed, no identity, a driver's node gone)
 is left alone and its lease keeps its ttl. A holder that is alive but paused is
 never reclaimed here; the actors' epoch fences handle it as before.
 
@@ -64,6 +65,18 @@ def actor_restarts(actor_id: str) -> int | None:
         return None
 
 
+def job_died(entry: Mapping[str, Any], alive_ips: Iterable[str]) -> bool:
+    """Whether the job table's ``entry`` says its driver died, and Ray can tell.
+
+    A dead job whose driver ran on a node that is gone cannot tell: a Ray client
+    trainer's driver is a server process on the head node, so with GCS fault tolerance
+    the head's loss marks every such job dead while the trainers themselves live on
+    (stepping over TCP, reconnecting). Their leases keep their ttl; a trainer that
+    really died with that node renews nothing and loses it then.
+    """
+    return bool(entry.get("IsDead")) and str(entry.get("DriverIPAddress") or "") in set(alive_ips)
+
+
 def dead_from_tables(holders: Iterable[str], actors: Mapping[str, Mapping[str, Any]],
                      jobs: Mapping[str, bool]) -> set[str]:
     """The holders the tables say died: an actor incarnation that is gone
@@ -100,7 +113,11 @@ def ray_probe(holders: list[str]) -> set[str]:
     jobs: dict[str, bool] = {}
     if any(h.startswith(lease_rules.JOB_HOLDER) for h in holders):
         try:
-            jobs = {str(j["JobID"]): bool(j["IsDead"])
+            import ray
+
+            alive = {str(n.get("NodeManagerAddress") or "")
+                     for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]
+            jobs = {str(j["JobID"]): job_died(j, alive)
                     for j in state.jobs()}  # type: ignore[no-untyped-call]
         except Exception as exc:
             log.debug("job table read failed: %s", exc)

@@ -67,6 +67,12 @@ log = logging.getLogger(__name__)
 
 #: Seconds between reads of Ray's node table (a GCS call) for the worker host names.
 NODES_REFRESH_S = 5.0
+#: How long a starting pool server waits for a restarting lease actor. With GCS fault
+#: tolerance the head pod's loss restarts the pool server and the lease actor together
+#: (both live on the head): the lease actor comes back once the new head's node joins
+#: and has rebuilt its leases from the GCS's KV; until then Ray answers
+#: ActorUnavailableError.
+LEASE_ACTOR_RESTART_S = 180.0
 #: Reclaimed leases kept for ``/status?detail=1`` (newest last).
 RECLAIMED_SHOWN = 10
 
@@ -210,7 +216,7 @@ class PoolServer:
             max_restarts=-1,
         ).remote(self.spec.name, ray_namespace=self.ray_namespace,
                  store=lease_store.RayKVStore(self.ray_namespace))
-        layout = lease_actor.PoolLayout.read(ray.get(self._lease_actor.layout.remote()))
+        layout = lease_actor.PoolLayout.read(self._lease_actor_restarted("layout"))
         self.supervisor.adopt(layout.slots, layout.pool_info, time.monotonic())
         if self._http_port >= 0:
             self._http = http_server.serve_http(self, self._http_host, self._http_port)
@@ -421,6 +427,22 @@ class PoolServer:
             return ray.get(getattr(self._lease_actor, method).remote(*args))
         except ray.exceptions.ActorUnavailableError:
             return ray.get(getattr(self._lease_actor, method).remote(*args))
+
+    def _lease_actor_restarted(self, method: str, *args: Any) -> Any:
+        """A lease actor call that waits (up to :data:`LEASE_ACTOR_RESTART_S`) for a lease
+        actor Ray is restarting: a pool server that starts with a new head finds it so."""
+        import ray
+
+        deadline = time.monotonic() + LEASE_ACTOR_RESTART_S
+        while True:
+            try:
+                return ray.get(getattr(self._lease_actor, method).remote(*args))
+            except ray.exceptions.ActorUnavailableError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.info("pool %s: the lease actor is restarting (%s); waiting",
+                         self.spec.name, slot.first_line(exc))
+                time.sleep(0.5)
 
     def pool_report(self) -> dict[str, Any]:
         """``status.pool`` of the EnvPool (see :func:`remote_env.pool.snapshot.pool_report`)."""

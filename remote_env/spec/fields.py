@@ -56,6 +56,12 @@ MAX_TOLERATION_KEY_LENGTH: Final = 316
 MAX_ENV_FROM_SECRETS: Final = 16
 MAX_SECRET_NAME_LENGTH: Final = 253
 SECRET_NAME_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+#: ``headFaultTolerance.redisAddress``: a host (name or IPv4) and a port.
+REDIS_ADDRESS_RE: Final = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?:[0-9]{1,5}$")
+#: Said the same way by the model and the CRD's CEL rule (a test compares them).
+PASSWORD_SECRET_MESSAGE: Final = (
+    "headFaultTolerance.passwordSecret is the password of an external Redis: set redisAddress "
+    "too (the operator's own Redis has its own Secret)")
 
 #: ``spec.updateStrategy.maxUnavailable`` when unset: Deployment's default.
 DEFAULT_MAX_UNAVAILABLE: Final = "25%"
@@ -135,14 +141,21 @@ FIELDS: Final[dict[str, Field]] = {
     # No schema defaults under updateStrategy (see the CRD): the model's apply.
     "spec.updateStrategy.leasedActors": Field("string", enum=LEASED_ACTOR_POLICIES),
     "spec.updateStrategy.leasedGraceSeconds": Field("integer", minimum=0, maximum=7 * 86_400),
+    #: GCS fault tolerance (KubeRay gcsFaultToleranceOptions): the head's loss keeps the envs.
+    "spec.headFaultTolerance.enabled": Field("boolean", True),
+    #: host:port of an external Redis; empty: the operator runs one per pool.
+    "spec.headFaultTolerance.redisAddress": Field("string", max_length=260),
+    "spec.headFaultTolerance.passwordSecret": Field("string", max_length=MAX_SECRET_NAME_LENGTH),
+    "spec.headFaultTolerance.passwordKey": Field("string", "password", min_length=1,
+                                                 max_length=253),
 }
 
 #: The fields of each object of ``spec`` (``resources`` and ``toleration`` stand for
 #: every resources block and every item of ``tolerations``).
 OBJECTS: Final[dict[str, tuple[str, ...]]] = {
     "spec": ("env", "replicas", "envsPerActor", "threadsPerActor", "batchWaitMs",
-             "autoresetMode", "faultTolerance", "ray", "metrics", "suspend", "autoscaling",
-             "updateStrategy"),
+             "autoresetMode", "faultTolerance", "ray", "metrics", "suspend",
+             "headFaultTolerance", "autoscaling", "updateStrategy"),
     "spec.env": ("id", "entrypoint", "kwargs", "multiAgent"),
     "spec.faultTolerance": ("restartFailedEnvs", "stepTimeoutSeconds", "startTimeoutSeconds",
                             "maxRestarts", "restartBackoffSeconds"),
@@ -154,6 +167,7 @@ OBJECTS: Final[dict[str, tuple[str, ...]]] = {
     "spec.autoscaling": ("minReplicas", "maxReplicas", "bufferEnvs", "bufferPercent",
                          "scaleDownDelaySeconds"),
     "spec.updateStrategy": ("maxUnavailable", "leasedActors", "leasedGraceSeconds"),
+    "spec.headFaultTolerance": ("enabled", "redisAddress", "passwordSecret", "passwordKey"),
     "resources": ("requests", "limits"),
     "toleration": ("key", "operator", "value", "effect", "tolerationSeconds"),
 }

@@ -173,6 +173,36 @@ class UpdateStrategy:
 
 
 @dataclasses.dataclass(frozen=True)
+class HeadFaultTolerance:
+    """``spec.headFaultTolerance``: KubeRay GCS fault tolerance for the pool.
+
+    With it the GCS keeps its tables in Redis, so the head pod's loss leaves the worker
+    pods, their env actors and the leases in place; a new head reloads them. The Redis is
+    the operator's own for the pool (``redis_address`` empty) or one the user names.
+    """
+
+    enabled: bool = fields.FIELDS["spec.headFaultTolerance.enabled"].default
+    #: host:port of an external Redis; "": the operator runs one (``<name>-redis``).
+    redis_address: str = ""
+    #: With ``redis_address``: the Secret holding its password ("" : none).
+    password_secret: str = ""
+    password_key: str = fields.FIELDS["spec.headFaultTolerance.passwordKey"].default
+
+    @property
+    def provisioned(self) -> bool:
+        """The operator runs the pool's Redis."""
+        return self.enabled and not self.redis_address
+
+    def to_manifest(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"enabled": self.enabled, "passwordKey": self.password_key}
+        if self.redis_address:
+            out["redisAddress"] = self.redis_address
+        if self.password_secret:
+            out["passwordSecret"] = self.password_secret
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
 class PoolSpec:
     """A validated EnvPool spec with every default filled in."""
 
@@ -191,6 +221,7 @@ class PoolSpec:
     #: None: a fixed size (``replicas``, changed by hand or by an HPA).
     autoscaling: Autoscaling | None = None
     update_strategy: UpdateStrategy = UpdateStrategy()
+    head_fault_tolerance: HeadFaultTolerance = HeadFaultTolerance()
 
     @property
     def desired_envs(self) -> int:
@@ -296,6 +327,9 @@ class PoolSpec:
             # left out at its default, so the ConfigMap stays readable by an older pool server
             **({"updateStrategy": self.update_strategy.to_manifest()}
                if self.update_strategy != UpdateStrategy() else {}),
+            # likewise
+            **({"headFaultTolerance": self.head_fault_tolerance.to_manifest()}
+               if self.head_fault_tolerance != HeadFaultTolerance() else {}),
         }
 
     def to_document(self) -> dict[str, Any]:

@@ -227,6 +227,27 @@ def _parse_update_strategy(c: checker.Checker, raw: Any) -> model.UpdateStrategy
     return model.UpdateStrategy(max_unavailable, leased_actors, grace)
 
 
+def _parse_head_fault_tolerance(c: checker.Checker, raw: Any) -> model.HeadFaultTolerance:
+    path = "spec.headFaultTolerance"
+    hft = c.mapping(raw, path)
+    c.known(hft, path)
+    address = c.string(hft, f"{path}.redisAddress") or ""
+    if address and not fields.REDIS_ADDRESS_RE.match(address):
+        c.fail(f"{path}.redisAddress", f"expected host:port (e.g. redis.infra.svc:6379), got "
+                                       f"{address!r}")
+    secret = c.string(hft, f"{path}.passwordSecret") or ""
+    if secret and not fields.SECRET_NAME_RE.match(secret):
+        c.fail(f"{path}.passwordSecret", f"expected a Secret name (lower-case DNS subdomain), "
+                                         f"got {secret!r}")
+    if secret and not address:
+        c.fail(f"{path}.passwordSecret", fields.PASSWORD_SECRET_MESSAGE)
+    return model.HeadFaultTolerance(
+        enabled=c.boolean(hft, f"{path}.enabled"), redis_address=address,
+        password_secret=secret,
+        password_key=c.string(hft, f"{path}.passwordKey") or
+        fields.FIELDS[f"{path}.passwordKey"].default)
+
+
 def parse_spec(
     spec: Mapping[str, Any], *, name: str, namespace: str = "default",
     limits: model.Limits | None = None,
@@ -294,6 +315,7 @@ def parse_spec(
         suspend=c.boolean(spec, "spec.suspend"),
         autoscaling=autoscaling,
         update_strategy=_parse_update_strategy(c, spec.get("updateStrategy")),
+        head_fault_tolerance=_parse_head_fault_tolerance(c, spec.get("headFaultTolerance")),
     )
     if not c.errors and pool.desired_workers > limits.max_workers:
         c.fail("spec.replicas",

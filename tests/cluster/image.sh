@@ -12,13 +12,20 @@
 #                 (--build-arg RAY_IMAGE=<base>), with --layers, so a source change
 #                 rebuilds only the top layer. Keyed by the Dockerfile, pyproject.toml
 #                 and the source trees.
+#   4. redis      the Redis the operator runs for each pool with GCS fault tolerance
+#                 (spec.headFaultTolerance): Debian $DEBIAN_SUITE (debootstrap minbase)
+#                 with Debian's redis-server package, nothing else; redis-server on the
+#                 PATH, runs as any uid. Keyed by this recipe and the package version
+#                 Debian's archive offers (apt-cache policy on this Debian host).
 #
 # Each image is exported as a docker-archive tar under $CACHE/images/ whose name
 # carries its key; a tar that exists is never rebuilt. node.sh imports them into
 # the node's containerd. Prints progress to stderr and, on stdout, the lines
 #   PAUSE_IMAGE=...  BASE_IMAGE=...  ENVPOOL_IMAGE=...  ENVPOOL_IMAGE_TAR=...
+#   REDIS_IMAGE=...  REDIS_IMAGE_TAR=...
 #
-#   tests/cluster/image.sh            # all three (cached parts skipped)
+#   tests/cluster/image.sh            # all four (cached parts skipped)
+#   tests/cluster/image.sh redis      # the Redis image only (REDIS_IMAGE* lines)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -39,6 +46,9 @@ BUILDAH=(buildah --root "$IMG/storage" --runroot "$STATE/buildah-run" --storage-
 
 key_of() { sha256sum | cut -c1-12; }
 
+ONLY="${1:-all}"
+case "$ONLY" in all|redis) ;; *) die "usage: image.sh [redis]" ;; esac
+if [ "$ONLY" = all ]; then
 # ---- 1. pause ---------------------------------------------------------------
 pause_key=$(cat "$HERE/go/pause/main.go" "$HERE/go/pause/go.mod" | key_of)
 PAUSE_IMAGE="localhost/envpool-pause:$pause_key"
@@ -118,8 +128,45 @@ if [ ! -s "$ENVPOOL_IMAGE_TAR" ]; then
   log "envpool image: built in $(( $(date +%s) - e0 ))s ($(du -m "$ENVPOOL_IMAGE_TAR" | cut -f1) MiB)"
 fi
 
-echo "PAUSE_IMAGE=$PAUSE_IMAGE"
-echo "PAUSE_IMAGE_TAR=$pause_tar"
-echo "BASE_IMAGE=$BASE_IMAGE"
-echo "ENVPOOL_IMAGE=$ENVPOOL_IMAGE"
-echo "ENVPOOL_IMAGE_TAR=$ENVPOOL_IMAGE_TAR"
+fi  # ONLY=all
+
+# ---- 4. redis ----------------------------------------------------------------
+# Keyed by the package version Debian offers for the suite (the host is Debian too;
+# an unknown version keys by the suite alone), so a point release rebuilds it once.
+redis_version=$(apt-cache policy redis-server 2>/dev/null | sed -n 's/^ *Candidate: *//p' | head -n1)
+redis_key=$( { sed -n '/^# ---- 4. redis/,/^# ---- end/p' "$0"; echo "$DEBIAN_SUITE ${redis_version:-unknown}"; } | key_of)
+REDIS_IMAGE="localhost/envpool-redis:${redis_version//[^A-Za-z0-9_.-]/_}-$redis_key"
+REDIS_IMAGE_TAR="$IMG/redis-$redis_key.tar"
+if [ ! -s "$REDIS_IMAGE_TAR" ]; then
+  r0=$(date +%s)
+  log "redis image: building $REDIS_IMAGE (debootstrap $DEBIAN_SUITE + redis-server ${redis_version:-?})"
+  c=$("${BUILDAH[@]}" from scratch)
+  trap '"${BUILDAH[@]}" rm "$c" >/dev/null 2>&1 || true' EXIT
+  m=$("${BUILDAH[@]}" mount "$c")
+  debootstrap --variant=minbase --include=redis-server \
+    "$DEBIAN_SUITE" "$m" "$DEBIAN_MIRROR" >"$IMG/debootstrap-redis.log" 2>&1 \
+    || { tail -n 30 "$IMG/debootstrap-redis.log" >&2; die "debootstrap (redis) failed"; }
+  chroot "$m" /bin/sh -euc '
+    apt-get clean; rm -rf /var/lib/apt/lists/* /var/cache/apt/* /usr/share/doc/* /usr/share/man/*
+    mkdir -p /data && chmod 1777 /data
+  ' >&2
+  "${BUILDAH[@]}" umount "$c" >/dev/null
+  "${BUILDAH[@]}" config --user 999:999 --workingdir /data --entrypoint '["redis-server"]' --cmd '[]' \
+    --label "dev.envpool.redis-server=${redis_version:-unknown}" "$c"
+  "${BUILDAH[@]}" commit -q "$c" "$REDIS_IMAGE" >/dev/null
+  "${BUILDAH[@]}" rm "$c" >/dev/null; trap - EXIT
+  "${BUILDAH[@]}" push -q "$REDIS_IMAGE" "docker-archive:$REDIS_IMAGE_TAR.tmp:$REDIS_IMAGE"
+  mv "$REDIS_IMAGE_TAR.tmp" "$REDIS_IMAGE_TAR"
+  log "redis image: built in $(( $(date +%s) - r0 ))s ($(du -m "$REDIS_IMAGE_TAR" | cut -f1) MiB)"
+fi
+# ---- end
+
+if [ "$ONLY" = all ]; then
+  echo "PAUSE_IMAGE=$PAUSE_IMAGE"
+  echo "PAUSE_IMAGE_TAR=$pause_tar"
+  echo "BASE_IMAGE=$BASE_IMAGE"
+  echo "ENVPOOL_IMAGE=$ENVPOOL_IMAGE"
+  echo "ENVPOOL_IMAGE_TAR=$ENVPOOL_IMAGE_TAR"
+fi
+echo "REDIS_IMAGE=$REDIS_IMAGE"
+echo "REDIS_IMAGE_TAR=$REDIS_IMAGE_TAR"

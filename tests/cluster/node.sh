@@ -233,7 +233,7 @@ cmd_images() { # build what changed (image.sh) and import it; images.env names t
   local images want tar have keep
   log "images (buildah; cached by content)"
   images=$(bash "$HERE/image.sh") || die "image.sh failed"
-  for tarvar in PAUSE_IMAGE_TAR ENVPOOL_IMAGE_TAR; do
+  for tarvar in PAUSE_IMAGE_TAR ENVPOOL_IMAGE_TAR REDIS_IMAGE_TAR; do
     tar=$(echo "$images" | sed -n "s/^$tarvar=//p")
     want=$(echo "$images" | sed -n "s/^${tarvar%_TAR}=//p")
     have=$("${CTR[@]}" images ls -q 2>/dev/null | grep -Fx "$want" || true)

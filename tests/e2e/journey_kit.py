@@ -290,14 +290,17 @@ def placed(spec: dict[str, Any]) -> dict[str, Any]:
     return {"nodeSelector": dict(NODE_SELECTOR), "tolerations": [dict(t) for t in TOLERATIONS], **spec}
 
 
-def example(namespace: str) -> dict[str, Any]:
-    """manifests/examples/cartpole.yaml as a user applies it, placed and sized for this node."""
+def example(namespace: str, *, head_fault_tolerance: bool = True) -> dict[str, Any]:
+    """manifests/examples/cartpole.yaml as a user applies it, placed and sized for this
+    node; ``head_fault_tolerance=False`` opts out of GCS fault tolerance (its own Redis)."""
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["metadata"]["namespace"] = namespace
     ray = doc["spec"].setdefault("ray", {})
     ray["head"] = placed({"resources": HEAD_RESOURCES})
     ray["worker"] = placed({"resources": WORKER_RESOURCES, "envsPerWorker": 8})
     doc["spec"]["faultTolerance"] = {"stepTimeoutSeconds": STEP_TIMEOUT_S}
+    if not head_fault_tolerance:
+        doc["spec"]["headFaultTolerance"] = {"enabled": False}
     return doc
 
 
@@ -326,6 +329,10 @@ class Journey:
             "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
                           "limits": {"memory": "512Mi"}},
         }
+        if self.node.redis_image and chart == CHART:
+            # the pools' own Redis (GCS fault tolerance, on by default): Debian's, imported;
+            # a chart of an older version may not know the value
+            values["redis"] = {"image": self.node.redis_image}
         vfile = self.tmp / "values.yaml"
         vfile.write_text(yaml.safe_dump(values))
         self.kube.helm(action, self.release, str(chart), "-n", self.ns, "-f", str(vfile),

@@ -37,6 +37,10 @@ class RealNode:
     name: str
     image: str  # the project image (localhost/envpool:dev-<source hash>)
     state_dir: Path
+    #: Debian's redis-server (localhost/envpool-redis:<version>-<key>, image.sh): the
+    #: Redis the operator runs for a pool with GCS fault tolerance (the chart's
+    #: redis.image). "": node.sh imported none (an older cluster state).
+    redis_image: str = ""
 
     def pod(
         self,

@@ -32,20 +32,16 @@ RELEASE = "envpool-upgrade"
 ENVS = 8  # per pool: one worker pod, one actor
 
 
-def _old_image(kube: Any) -> str:
-    """The project image of UPGRADE_FROM, built (cached by its key) and imported."""
-    tree = Path(tempfile.mkdtemp(prefix="envpool-upgrade-from-")) / "tree"
+def _old_version(kube: Any, tree: Path) -> str:
+    """A worktree of UPGRADE_FROM at ``tree`` (its chart is installed from there) and its
+    project image, built (cached by its key) and imported; returns the image."""
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), UPGRADE_FROM],
                    check=True, capture_output=True, text=True, timeout=120)
-    try:
-        built = subprocess.run(["bash", str(tree / "tests" / "cluster" / "image.sh")],
-                               capture_output=True, text=True, timeout=1800)
-        assert built.returncode == 0, built.stderr[-3000:]
-        out = dict(line.split("=", 1) for line in built.stdout.splitlines() if "=" in line)
-        image, tar = out["ENVPOOL_IMAGE"], out["ENVPOOL_IMAGE_TAR"]
-    finally:
-        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                       capture_output=True, text=True, timeout=120)
+    built = subprocess.run(["bash", str(tree / "tests" / "cluster" / "image.sh")],
+                           capture_output=True, text=True, timeout=1800)
+    assert built.returncode == 0, built.stderr[-3000:]
+    out = dict(line.split("=", 1) for line in built.stdout.splitlines() if "=" in line)
+    image, tar = out["ENVPOOL_IMAGE"], out["ENVPOOL_IMAGE_TAR"]
     ctr = ["ctr", "--address", str(kube.state_dir / "node" / "containerd" / "containerd.sock"),
            "-n", "k8s.io"]
     have = subprocess.run([*ctr, "images", "ls", "-q"], capture_output=True, text=True, timeout=60)
@@ -67,7 +63,7 @@ def _pool_doc(ns: str, name: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def walk(kube_cluster: Any, real_node: RealNode) -> Iterator[list[Journey]]:
+def walk(kube_cluster: Any, real_node: RealNode) -> Iterator[tuple[list[Journey], Path]]:
     ns = f"upgrade-{secrets.token_hex(3)}"
     kube_cluster.kubectl("create", "namespace", ns)
     kube_cluster.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
@@ -76,36 +72,41 @@ def walk(kube_cluster: Any, real_node: RealNode) -> Iterator[list[Journey]]:
         timeout=30, what="default ServiceAccount")
     kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crd"))
     pools = [Journey(kube_cluster, real_node, ns, RELEASE, pool=f"walk-{i}") for i in range(2)]
+    tree = Path(tempfile.mkdtemp(prefix="envpool-upgrade-from-")) / "tree"
     try:
-        yield pools
+        yield pools, tree
     finally:
         kube_cluster.helm("uninstall", RELEASE, "-n", ns, "--wait", check=False)
         kube_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
+                       capture_output=True, text=True, timeout=120)
 
 
 def _ray_pods(j: Journey) -> dict[str, str]:
     return {p["metadata"]["name"]: p["metadata"]["uid"] for c in ("head", "worker") for p in j.pods(c)}
 
 
-def test_helm_upgrade_under_load_recreates_no_ray_pod_and_loses_no_step(walk: list[Journey]) -> None:
-    first = walk[0]
+def test_helm_upgrade_under_load_recreates_no_ray_pod_and_loses_no_step(
+        walk: tuple[list[Journey], Path]) -> None:
+    pools, tree = walk
+    first = pools[0]
     kube, ns = first.kube, first.ns
-    old_image, new_image = _old_image(kube), first.node.image
+    old_image, new_image = _old_version(kube, tree), first.node.image
     assert old_image != new_image, "the old version's image is this checkout's: nothing to walk"
-    for j in walk:
+    for j in pools:
         j.image = old_image  # the operator, its pools' default image and the trainers
-    first.install_operator()
-    for j in walk:
+    first.install_operator(chart=tree / "helm" / "envpool-operator")
+    for j in pools:
         kube.apply(_pool_doc(ns, j.pool))
-    for j in walk:
+    for j in pools:
         j.wait_ready(timeout=420)
-    for j in walk:
+    for j in pools:
         kube.apply(j.stepping_job(f"{j.pool}-trainer", ENVS))
-    for j in walk:
+    for j in pools:
         j.wait_stepping(f"{j.pool}-trainer")
-    pods = {j.pool: _ray_pods(j) for j in walk}
+    pods = {j.pool: _ray_pods(j) for j in pools}
     clusters = {j.pool: kube.kubectl_json("get", "raycluster", j.pool, "-n", ns)["metadata"]
-                for j in walk}
+                for j in pools}
     old_operator = first.operator_pod()["metadata"]["name"]
 
     t0 = time.monotonic()
@@ -114,20 +115,20 @@ def test_helm_upgrade_under_load_recreates_no_ray_pod_and_loses_no_step(walk: li
     operator_away_s = time.monotonic() - t0
     assert first.operator_pod()["metadata"]["name"] != old_operator
     # the new operator reconciled each pool: it writes PodsCurrent (the old one did not)
-    for j in walk:
+    for j in pools:
         cond = kube.wait_until(
             lambda j=j: next((c for c in (j.epool().get("status") or {}).get("conditions", [])
                               if c["type"] == "PodsCurrent"), None),
             timeout=120, interval=1, what=f"{j.pool} reconciled by the new operator")
         assert cond["status"] == "False" and cond["reason"] == "OlderRender", cond
         assert old_image in cond["message"] and new_image in cond["message"], cond
-    progress = {j.pool: j.progress(f"{j.pool}-trainer") for j in walk}
-    for j in walk:
+    progress = {j.pool: j.progress(f"{j.pool}-trainer") for j in pools}
+    for j in pools:
         j.wait_stepping(f"{j.pool}-trainer", more_than=progress[j.pool])
-    results = {j.pool: j.stop_stepping(f"{j.pool}-trainer") for j in walk}
+    results = {j.pool: j.stop_stepping(f"{j.pool}-trainer") for j in pools}
     print(f"\n[upgrade walk] {UPGRADE_FROM[:12]} ({old_image}) -> {new_image}: the operator "
           f"away {operator_away_s:.1f} s (helm upgrade --wait); trainers: {results}")
-    for j in walk:
+    for j in pools:
         assert _ray_pods(j) == pods[j.pool], f"{j.pool}: Ray pods re-created by the upgrade"
         after = kube.kubectl_json("get", "raycluster", j.pool, "-n", ns)["metadata"]
         assert (after["uid"], after["generation"]) == (clusters[j.pool]["uid"],

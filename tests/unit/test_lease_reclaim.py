@@ -150,3 +150,13 @@ def test_a_trainer_newer_than_its_pool_leases_without_a_holder() -> None:
 
     with pytest.raises(TypeError, match="unsupported operand"):
         attach._with_holder(broken, ("t",), "job:01")
+
+
+def test_a_job_that_died_with_its_drivers_node_is_left_to_its_ttl() -> None:
+    """A Ray client trainer's driver is a server on the head: with GCS fault tolerance
+    the head's loss marks its job dead while the trainer steps on (issue 31)."""
+    entry = {"JobID": "02000000", "IsDead": True, "DriverIPAddress": "10.0.0.5"}
+    assert holders.job_died(entry, {"10.0.0.5", "10.0.0.6"})  # its node lives: it died
+    assert not holders.job_died(entry, {"10.0.0.9", "10.0.0.6"})  # the old head is gone
+    assert not holders.job_died(dict(entry, IsDead=False), {"10.0.0.5"})
+    assert not holders.job_died({"JobID": "03000000", "IsDead": True}, {"10.0.0.5"})

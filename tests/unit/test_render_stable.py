@@ -27,10 +27,13 @@ from typing import Any
 import pytest
 import yaml
 
-from envpool_operator import builders, settings
+from envpool_operator import builders, gcs_store, settings
 from remote_env import spec
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "render"
+#: The pool's own Redis: a change to its pod template restarts it, and a restarted Redis
+#: (emptyDir) has lost the GCS tables the next head restart needs.
+GOLDEN_REDIS = pathlib.Path(__file__).parent / "golden" / "render-redis"
 EXAMPLES = pathlib.Path(__file__).parents[2] / "manifests" / "examples"
 SETTINGS = settings.Settings(image="registry.example/envpool:1.0")
 UPDATE = os.environ.get("ENVPOOL_UPDATE_GOLDEN") == "1"
@@ -43,6 +46,16 @@ EDGE_SPECS: dict[str, dict[str, Any]] = {
         "updateStrategy": {"maxUnavailable": 3, "leasedActors": "ReplaceAfterGrace",
                            "leasedGraceSeconds": 30},
         "faultTolerance": {"maxRestarts": 5, "startTimeoutSeconds": 60},
+    },
+    "head-ft-off": {
+        "env": {"id": "CartPole-v1"}, "replicas": 16,
+        "headFaultTolerance": {"enabled": False},
+    },
+    "head-ft-external-redis": {
+        "env": {"id": "CartPole-v1"}, "replicas": 16,
+        "headFaultTolerance": {"redisAddress": "redis.infra.svc:6379",
+                               "passwordSecret": "infra-redis", "passwordKey": "secret"},
+        "ray": {"head": {"nodeSelector": {"pool": "control"}}},
     },
 }
 
@@ -95,3 +108,21 @@ def test_a_new_pool_gets_the_newest_generation(key: str) -> None:
     pool = spec.parse_spec(raw, name=name, namespace="team-a")
     assert builders.build_children(pool, SETTINGS) == builders.build_children(
         pool, SETTINGS, render=builders.Render(builders.RENDER_GENERATION, SETTINGS.image))
+
+
+@pytest.mark.parametrize("key", sorted(DOCUMENTS))
+def test_an_existing_pool_renders_the_redis_it_rendered_before(key: str) -> None:
+    name, raw = DOCUMENTS[key]
+    pool = spec.parse_spec(raw, name=name, namespace="team-a")
+    redis = gcs_store.build_redis_children(pool, SETTINGS)
+    if pool.head_fault_tolerance.provisioned:
+        redis.insert(0, gcs_store.build_password_secret(pool, "<made by the reconcile>"))
+    rendered = json.dumps(redis, indent=1, sort_keys=True)
+    golden = GOLDEN_REDIS / f"{key}.json"
+    if UPDATE:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(rendered + "\n")
+    assert golden.exists(), f"no golden render for {key}: run with ENVPOOL_UPDATE_GOLDEN=1"
+    assert rendered + "\n" == golden.read_text(), (
+        f"the operator now renders {key!r}'s Redis differently: on upgrade its pod is "
+        f"replaced and the GCS tables in it are lost. See this module's docstring.")

@@ -72,7 +72,11 @@ operator/envpool_operator (kopf handlers + kube.py):
   so templates/admission-policy.yaml does: those writes must carry the operator's
   label, be owned by an EnvPool and be named after it.
 - events create: kopf posts warnings as core/v1 Events.
-No Secrets, no Pods, no delete, no bind/escalate.
+- the pool's own Redis (spec.headFaultTolerance, GCS fault tolerance): Deployment
+  and Service <name>-redis by server-side apply; its password Secret <name>-redis
+  is created once (`create` only: the operator never reads, lists or changes a
+  Secret; 409 AlreadyExists means it is there).
+No reading Secrets, no Pods, no delete, no bind/escalate.
 */}}
 {{- define "envpool-operator.namespacedRules" -}}
 - apiGroups: ["envpool.dev"]
@@ -97,6 +101,15 @@ No Secrets, no Pods, no delete, no bind/escalate.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["create", "patch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["create", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["create", "patch"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

@@ -1,0 +1,182 @@
+"""A warm pool that outlives its head pod, on the real node (issue 31).
+
+``helm install`` the operator (its pools' Redis: Debian's redis-server, imported by
+node.sh) -> a pool of 16 CartPole envs with GCS fault tolerance (the default) ->
+KubeRay runs the head with ``gcsFaultToleranceOptions``, the operator the pool's
+Redis -> two trainer Jobs lease 8 envs each over Ray client and step them over TCP to
+the worker pods (send/recv) -> the head pod is deleted -> afterwards: the same env
+actor ids (none re-created), every step the trainers sent answered, their errors, the
+slowest ``recv()``, the same leases, and the time until the pool is Ready again.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from journey_kit import last_json, peak_rss_bytes
+from real_node import RealNode
+from test_user_journey import HEAD_RESOURCES, STEP_TIMEOUT_S, WORKER_RESOURCES, Journey, _placed
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "manifests" / "examples" / "cartpole.yaml"
+POOL = "headft"
+ENVS = 16
+#: RemoteVectorEnv.from_pool's default lease_timeout_s.
+LEASE_TTL_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def journey(kube_cluster: Any, real_node: RealNode) -> Iterator[Journey]:
+    if not real_node.redis_image:
+        pytest.fail("node.sh recorded no REDIS_IMAGE (tests/cluster/image.sh builds it; "
+                    "tests/cluster/node.sh images imports it)", pytrace=False)
+    ns = f"headft-{secrets.token_hex(3)}"
+    kube_cluster.kubectl("create", "namespace", ns)
+    kube_cluster.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+    kube_cluster.wait_until(
+        lambda: kube_cluster.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0,
+        timeout=30, what="default ServiceAccount")
+    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f",
+                         str(REPO / "manifests" / "crd"))
+    j = Journey(kube_cluster, real_node, ns, "envpool-operator", pool=POOL)
+    try:
+        yield j
+    finally:
+        print(f"\n[headft] figures: {j.figures}")
+        kube_cluster.helm("uninstall", j.release, "-n", ns, "--wait", check=False)
+        kube_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        for k, v in j.figures.items():
+            real_node.record(f"head_ft_{k}", v)
+
+
+def _pool(namespace: str) -> dict[str, Any]:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"].update(name=POOL, namespace=namespace)
+    doc["spec"]["replicas"] = ENVS
+    doc["spec"]["ray"] = {"head": _placed({"resources": HEAD_RESOURCES}),
+                          "worker": _placed({"resources": WORKER_RESOURCES, "envsPerWorker": 8})}
+    doc["spec"]["faultTolerance"] = {"stepTimeoutSeconds": STEP_TIMEOUT_S}
+    assert "headFaultTolerance" not in doc["spec"]  # the default: on
+    return doc
+
+
+def _actor_ids(st: dict[str, Any]) -> dict[int, str]:
+    return {int(s["slot"]): str(s["actorId"]) for s in st["slots"]}
+
+
+def _leases(st: dict[str, Any]) -> list[tuple[str, str, tuple[int, ...]]]:
+    return sorted((x["lease_id"], x["trainer"], tuple(x["slots"])) for x in st["leases"])
+
+
+def _redis_pod(j: Journey) -> dict[str, Any] | None:
+    pods = j.kube.kubectl_json("get", "pods", "-n", j.ns, "-l", f"envpool.dev/redis={POOL}")["items"]
+    running = [p for p in pods if p["status"].get("phase") == "Running"]
+    return running[0] if running else None
+
+
+def _stop(j: Journey, name: str) -> dict[str, Any]:
+    """Journey.stop_stepping, asked again when the API server did not answer (the shared
+    2-core machine: a TLS handshake timeout lost a whole run's trainer figures once)."""
+    for attempt in range(4):
+        try:
+            return j.stop_stepping(name)
+        except pytest.fail.Exception:
+            if attempt == 3:
+                raise
+            time.sleep(5)
+    raise AssertionError("unreachable")
+
+
+def test_the_head_pod_deleted_while_two_trainers_step(journey: Journey) -> None:
+    j = journey
+    j.install_operator()
+    t_apply = time.monotonic()
+    j.kube.apply(_pool(j.ns))
+    j.wait_ready(timeout=480)
+    j.figures["apply_to_ready_s"] = time.monotonic() - t_apply
+    rc = j.kube.kubectl_json("get", "raycluster", POOL, "-n", j.ns)
+    assert rc["spec"]["gcsFaultToleranceOptions"]["redisAddress"] == f"{POOL}-redis.{j.ns}.svc:6379"
+    assert _redis_pod(j) is not None
+
+    for name, seed in (("ft-a", "1"), ("ft-b", "2")):
+        job = j.stepping_job(name, 8)
+        job["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "SEED", "value": seed})
+        j.kube.apply(job)
+    for name in ("ft-a", "ft-b"):
+        j.wait_stepping(name)
+    before = j.server_status()
+    ids_before, leases_before = _actor_ids(before), _leases(before)
+    assert len(ids_before) == 2 * 8 // before["spec"]["envsPerActor"] and len(leases_before) == 2
+
+    (head,) = j.pods("head")
+    steps_at_delete = {n: j.progress(n) for n in ("ft-a", "ft-b")}
+    t0 = time.monotonic()
+    j.kube.kubectl("delete", "pod", head["metadata"]["name"], "-n", j.ns, "--wait=false")
+
+    def new_head_serving() -> dict[str, Any] | None:
+        pods = j.pods("head")
+        if len(pods) != 1 or pods[0]["metadata"]["uid"] == head["metadata"]["uid"]:
+            return None
+        try:
+            st = j.server_status()
+        except (pytest.fail.Exception, ValueError, KeyError):
+            return None
+        return st if st["readyEnvs"] == ENVS else None
+
+    after = j.kube.wait_until(new_head_serving, timeout=420, interval=2,
+                              what="a new head whose pool server has every env")
+    j.figures["head_deleted_to_pool_server_ready_s"] = time.monotonic() - t0
+    j.wait_ready(timeout=180)
+    j.figures["head_deleted_to_ready_s"] = time.monotonic() - t0
+    # the trainers went on stepping through it
+    for name in ("ft-a", "ft-b"):
+        assert j.wait_stepping(name, more_than=steps_at_delete[name] + 100, timeout=120)
+    ids_after = _actor_ids(after)
+    print(f"\n[headft] actors before {ids_before}\n[headft] actors after  {ids_after}")
+    print(f"[headft] leases before {leases_before}\n[headft] leases after  {_leases(after)}")
+    recreated = sum(1 for slot, aid in ids_after.items() if ids_before.get(slot) != aid)
+    j.figures["actors_recreated"] = recreated
+    ep = j.epool()
+    head_cond = next(c for c in ep["status"]["conditions"] if c["type"] == "HeadAvailable")
+    events = j.kube.kubectl("get", "events", "-n", j.ns, "--field-selector",
+                            f"involvedObject.name={POOL},involvedObject.kind=EnvPool",
+                            "-o", "custom-columns=REASON:.reason,MSG:.message", check=False).stdout
+    print(f"[headft] HeadAvailable {head_cond}\n[headft] events:\n{events}")
+
+    # A lease rebuilt by the restarted lease actor gets one full ttl (60 s): after more
+    # than that, only the trainers' heartbeats (renewals through the new head) keep it.
+    time.sleep(max(0.0, LEASE_TTL_S + 10 - (time.monotonic() - t0 - j.figures[
+        "head_deleted_to_pool_server_ready_s"])))
+    later = j.server_status()
+    print(f"[headft] leases {LEASE_TTL_S + 10:.0f}s after the new pool server: {_leases(later)}")
+    renewed = _leases(later) == leases_before
+    j.figures["leases_kept_past_one_ttl"] = float(renewed)
+
+    results = {n: _stop(j, n) for n in ("ft-a", "ft-b")}
+    print(f"[headft] trainers: {results}")
+    for name, res in results.items():
+        j.figures[f"{name}_steps"] = res["steps"]
+        j.figures[f"{name}_errors"] = res["errors"]
+        j.figures[f"{name}_slowest_recv_s"] = res["slowest_recv_s"]
+    redis = _redis_pod(j)
+    rss = peak_rss_bytes(redis["metadata"]["uid"]) if redis else None
+    if rss is not None:
+        j.figures["redis_peak_rss_mib"] = rss / 2**20
+    assert recreated == 0, (ids_before, ids_after)
+    assert _leases(after) == leases_before
+    assert renewed, f"the trainers' leases did not outlive one ttl after the head: {later['leases']}"
+    for name, res in results.items():
+        assert res["done"] is True and res["unanswered"] == 0, (name, res)
+        assert res["errors"] == 0, (name, res)
+    assert head_cond["status"] == "True"
+    assert "HeadUnavailable" in events and "HeadRecovered" in events, events
+    assert last_json(j.logs("ft-a"), "done") is not None
+

@@ -1,0 +1,88 @@
+"""HeadAvailable and its Events: the head's outage and recovery on the EnvPool (issue 31)."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from envpool_operator import builders, settings, status
+from remote_env import spec
+
+SETTINGS = settings.Settings(image="registry.example/envpool:1.0")
+T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def _pool(**over: Any) -> spec.PoolSpec:
+    raw: dict[str, Any] = {"env": {"id": "CartPole-v1"}, "replicas": 16}
+    raw.update(over)
+    return spec.parse_spec(raw, name="cp", namespace="ns")
+
+
+def _rc(pool: spec.PoolSpec, head_ready: bool) -> dict[str, Any]:
+    rc = builders.build_ray_cluster(pool, SETTINGS)
+    rc["metadata"].update(generation=1)
+    flag = "True" if head_ready else "False"
+    rc["status"] = {"observedGeneration": 1, "readyWorkerReplicas": pool.workers,
+                    "conditions": [{"type": "HeadPodReady", "status": flag},
+                                   {"type": "RayClusterProvisioned", "status": "True"}]}
+    return rc
+
+
+def _status(pool: spec.PoolSpec, head_ready: bool, previous: dict[str, Any],
+            at: datetime.datetime) -> dict[str, Any]:
+    return status.compute_status(
+        name="cp", namespace="ns", generation=1, observed_generation=1, pool=pool,
+        spec_error=None, ray_cluster=_rc(pool, head_ready), pool_report=None,
+        previous=previous, now=at, expected_hash=builders.cluster_hash(pool, SETTINGS))
+
+
+def _head(st: dict[str, Any]) -> dict[str, Any]:
+    (cond,) = [c for c in st["conditions"] if c["type"] == "HeadAvailable"]
+    return dict(cond)
+
+
+def test_an_outage_under_fault_tolerance_is_recovering_and_its_events_say_how_long() -> None:
+    pool = _pool()
+    starting = _status(pool, False, {}, T0)
+    assert _head(starting)["reason"] == "HeadStarting"
+    assert status.head_event({}, starting) is None  # not an outage: it never was up
+    up = _status(pool, True, starting, T0 + datetime.timedelta(seconds=30))
+    assert _head(up)["status"] == "True" and "Redis cp-redis.ns.svc:6379" in _head(up)["message"]
+    assert status.head_event(starting, up) is None
+
+    down = _status(pool, False, up, T0 + datetime.timedelta(seconds=100))
+    head = _head(down)
+    assert head["status"] == "False" and head["reason"] == "HeadRecovering"
+    assert "keep running" in head["message"]
+    assert status.head_event(up, down) == ("Warning", "HeadUnavailable", head["message"])
+    # still down: the outage keeps its reason and start, and no second event
+    still = _status(pool, False, down, T0 + datetime.timedelta(seconds=120))
+    assert _head(still)["reason"] == "HeadRecovering"
+    assert _head(still)["lastTransitionTime"] == head["lastTransitionTime"]
+    assert status.head_event(down, still) is None
+
+    back = _status(pool, True, still, T0 + datetime.timedelta(seconds=163))
+    assert _head(back)["status"] == "True"
+    assert status.head_event(still, back) == ("Normal", "HeadRecovered",
+                                              "the head pod is ready again after 63s")
+
+
+def test_without_fault_tolerance_the_heads_loss_is_the_pools() -> None:
+    pool = _pool(headFaultTolerance={"enabled": False})
+    up = _status(pool, True, {}, T0)
+    assert "no GCS fault tolerance" in _head(up)["message"]
+    down = _status(pool, False, up, T0 + datetime.timedelta(seconds=5))
+    assert _head(down)["reason"] == "HeadLost" and "re-created" in _head(down)["message"]
+    assert status.head_event(up, down)[:2] == ("Warning", "HeadUnavailable")  # type: ignore[index]
+
+
+def test_no_ray_cluster_or_spec() -> None:
+    pool = _pool()
+    st = status.compute_status(name="cp", namespace="ns", generation=1, observed_generation=1,
+                               pool=pool, spec_error=None, ray_cluster=None, pool_report=None,
+                               previous={}, now=T0)
+    assert _head(st)["reason"] == "NotCreated"
+    st = status.compute_status(name="cp", namespace="ns", generation=1, observed_generation=1,
+                               pool=None, spec_error="bad", ray_cluster=None, pool_report=None,
+                               previous={}, now=T0)
+    assert _head(st)["status"] == "Unknown"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import secrets
 import threading
 import time
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from typing import Any, Final, cast
 
 import kopf
 
-from envpool_operator import builders, kube, names
+from envpool_operator import access, builders, kube, names
 from envpool_operator import runtime as runtime_mod
 from envpool_operator import settings as settings_mod
 from envpool_operator import status as status_mod
@@ -173,7 +174,10 @@ def _apply_children(
             raise _Stop(*refusal, ray_cluster=mine)
         children = builders.build_children(pool, runtime.settings,
                                            workers=workers_for(pool, body, existing))
-        kopf.adopt(children, owner=kopf.Body(cast(Any, copy.deepcopy(dict(body)))))
+        # Created once, never applied: a token made here is used only if the Secret is
+        # new (an existing one, the operator's or an admin's, is kept unread).
+        token = access.build_lease_token_secret(pool, secrets.token_urlsafe(32))
+        kopf.adopt([*children, token], owner=kopf.Body(cast(Any, copy.deepcopy(dict(body)))))
         if existing is None:
             # First creation: let the API server judge every child (quota,
             # RBAC, schema) before any is written, so a refusal leaves nothing
@@ -182,13 +186,13 @@ def _apply_children(
             # the API server checks it against that Role and answers 404. It is
             # applied after the Role.
             kube.apply_all([c for c in children if c.get("kind") != "RoleBinding"],
-                           dry_run=True)
+                           dry_run=True, create=[token])
         # Two waves of writes at once (a slow API server costs two round trips, not
-        # six): the RoleBinding needs its Role, and the pods the ServiceAccount and the
-        # ConfigMap; the rest needs nothing of each other.
+        # seven): the RoleBinding needs its Role, and the pods the ServiceAccount, the
+        # ConfigMap and the token Secret; the rest needs nothing of each other.
         first = [c for c in children if c.get("kind") not in _SECOND_WAVE]
         second = [c for c in children if c.get("kind") in _SECOND_WAVE]
-        kube.apply_all(first)
+        kube.apply_all(first, create=[token])
         stored = kube.apply_all(second)
     except kube.ApiProblem as exc:
         raise _Stop(exc.problem, exc.delay) from None

@@ -37,6 +37,8 @@ class RealNode:
     name: str
     image: str  # the project image (localhost/envpool:dev-<source hash>)
     state_dir: Path
+    #: a learner's image without Ray (localhost/envpool-trainer:dev-<source hash>)
+    trainer_image: str = ""
 
     def pod(
         self,

@@ -18,7 +18,11 @@ from prometheus_client.registry import Collector
 
 FAILURE_REASONS = ("exception", "actor_died", "timeout")
 ENV_STATES = ("running", "restarting", "failed")
+#: how a lease request over the pool's HTTP API ended (envpool_lease_attach_seconds)
+ATTACH_OUTCOMES = ("granted", "waited", "exhausted")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+_ATTACH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   300.0)
 _WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 StateFn = Callable[[], Mapping[str, int]]
@@ -96,6 +100,12 @@ class _Families:
             "envpool_leases_reclaimed", "Leases released early because their holder died.",
             ln, registry=registry,
         )
+        self.attach = Histogram(
+            "envpool_lease_attach_seconds",
+            "Time the pool's lease API took to answer a lease request, by outcome: "
+            "granted at once, granted after waiting (wait_s), or exhausted (refused).",
+            [*ln, "outcome"], buckets=_ATTACH_BUCKETS, registry=registry,
+        )
         self.states = _EnvStateCollector(labelnames)
         registry.register(self.states)
 
@@ -148,6 +158,8 @@ class PoolMetrics:
         self.env_restarts = self._f.env_restarts.labels(*lv)
         self.actor_restarts = self._f.actor_restarts.labels(*lv)
         self.leases_reclaimed = self._f.leases_reclaimed.labels(*lv)
+        #: outcome -> the lease API's attach latency (seconds)
+        self.attach = {o: self._f.attach.labels(*lv, o) for o in ATTACH_OUTCOMES}
 
     def track_states(self, fn: StateFn) -> None:
         self._f.states.add(self._labels, fn)
@@ -184,6 +196,8 @@ class PoolMetrics:
             fam.remove(*lv)
         for r in FAILURE_REASONS:
             self._f.failures.remove(*lv, r)
+        for o in ATTACH_OUTCOMES:
+            self._f.attach.remove(*lv, o)
 
 
 def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> Any:

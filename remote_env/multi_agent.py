@@ -8,13 +8,24 @@ finds what it expects.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import gymnasium as gym
-import pettingzoo
-from pettingzoo.utils import conversions
 
 ALL = "__all__"
+
+
+def _pettingzoo_classes() -> tuple[type, type] | None:
+    """PettingZoo's (ParallelEnv, AECEnv), or None when nothing imported PettingZoo.
+
+    Not imported here: a trainer without it (a Ray-free one, which only reads
+    results) loads this module too, and no env can be an instance of a class whose
+    module was never imported."""
+    pz = sys.modules.get("pettingzoo")
+    if pz is None:
+        return None
+    return pz.ParallelEnv, pz.AECEnv
 
 
 class UnsupportedMultiAgentEnvError(TypeError):
@@ -24,7 +35,8 @@ class UnsupportedMultiAgentEnvError(TypeError):
 def is_multi_agent(env: Any) -> bool:
     """PettingZoo envs (Parallel or AEC, by class), and other non-gymnasium envs with
     ``possible_agents`` or ``agents`` (PettingZoo's duck type; RLlib-style dicts)."""
-    if isinstance(env, (pettingzoo.ParallelEnv, pettingzoo.AECEnv)):
+    classes = _pettingzoo_classes()
+    if classes is not None and isinstance(env, classes):
         return True
     return not isinstance(env, gym.Env) and (
         _has(env, "possible_agents") or _has(env, "agents"))
@@ -41,8 +53,10 @@ def _has(env: Any, name: str) -> bool:
 
 def is_aec(env: Any) -> bool:
     """A PettingZoo AEC (agent-by-agent) env: ``agent_iter``/``last`` instead of dict steps."""
-    return isinstance(env, pettingzoo.AECEnv) or (
-        not isinstance(env, (gym.Env, pettingzoo.ParallelEnv))
+    classes = _pettingzoo_classes()
+    parallel, aec = classes if classes is not None else ((), ())
+    return isinstance(env, aec) or (
+        not isinstance(env, (gym.Env, parallel))
         and callable(getattr(env, "agent_iter", None)) and callable(getattr(env, "last", None)))
 
 
@@ -60,6 +74,8 @@ def as_parallel(env: Any) -> Any:
             "cycle. Return a ParallelEnv from the make-env callable (e.g. the env module's "
             "parallel_env()), or set metadata['is_parallelizable'] = True if every agent "
             "acts once per cycle and the env updates at the cycle's end")
+    from pettingzoo.utils import conversions
+
     return conversions.aec_to_parallel(env)
 
 

@@ -197,6 +197,11 @@ class HostCore:
             self._fence = max(self._fence, int(epoch))
             return self._fence
 
+    def current_fence(self) -> int:
+        """The fence now (0: never leased). Without the lock (an int read): the channel's
+        handshake asks it while a step may hold the lock."""
+        return self._fence
+
     def fenced(self, epoch: int, call: Callable[..., Any], *args: Any) -> Any:
         """``call(*args)`` for the holder of lease ``epoch``, which raises the fence to it.
 

@@ -19,12 +19,14 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from remote_env import errors
 from remote_env._types import Batch
 from remote_env.actor.core import HostCore
 from remote_env.wire import channel, shared_arrays
 
 # what a driver may call over a channel (the hot calls; lifecycle stays with Ray)
-FENCED_METHODS = frozenset({"step", "reset", "call", "set_attr", "shared_step", "is_wrapped"})
+FENCED_METHODS = frozenset({"step", "reset", "call", "set_attr", "shared_step", "is_wrapped",
+                            "describe"})
 CHANNEL_METHODS = FENCED_METHODS | {"fenced", "open_shared"}
 
 
@@ -43,6 +45,8 @@ class ChannelEndpoint:
             "call": core.call,
             "set_attr": core.set_attr,
             "is_wrapped": core.is_wrapped,
+            # spaces and metadata: what a trainer without Ray reads before it steps
+            "describe": core.describe,
             "shared_step": self.shared_step,
             "open_shared": self.open_shared,
             "fenced": self.fenced,
@@ -74,12 +78,20 @@ class ChannelEndpoint:
     def listen(self) -> tuple[str, bytes]:
         """Serve the channel (once; one channel serves many drivers): address and key."""
         if self._server is None:
-            self._server = channel.ChannelServer(self.serve, on_disconnect=self.release_shared)
+            self._server = channel.ChannelServer(self.serve, on_disconnect=self.release_shared,
+                                                 lease_epoch=self._core.current_fence)
         return self._server.address, self._server.authkey
 
     def serve(self, message: tuple[Any, ...]) -> Any:
         """One channel message: ``(method, *args)``, ``method`` one of the hot calls."""
         name, *args = message
+        bound = None if self._server is None else self._server.connection_epoch()
+        if bound is not None and (name != "fenced" or not args or args[0] != bound):
+            # a lease's key opened this connection: that lease's fenced calls only
+            raise errors.LeaseLostError(
+                f"this connection holds the key of lease epoch {bound}: it makes only "
+                f"('fenced', {bound}, ...) calls, got {name!r}"
+                + (f" for epoch {args[0]}" if name == "fenced" and args else ""))
         call = self._calls.get(name)
         if call is None:
             raise ValueError(f"unknown channel call {name!r}; expected one of {sorted(CHANNEL_METHODS)}")

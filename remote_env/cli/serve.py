@@ -55,6 +55,12 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "Kubernetes pod, else 127.0.0.1; $ENVPOOL_HTTP_ADDR)")
     p.add_argument("--http-port", type=int, default=None,
                    help="port (default spec.metrics.port; 0 = any free port)")
+    p.add_argument("--lease-addr", default=None,
+                   help="address of the lease API for trainers without Ray (default "
+                        "$ENVPOOL_LEASE_API_HOST, else the --http-addr default)")
+    p.add_argument("--lease-port", type=int, default=None,
+                   help="its port (default $ENVPOOL_LEASE_API_PORT, else 8267; -1 = off). "
+                        "On only with a token: the file $ENVPOOL_LEASE_TOKEN_FILE names")
     p.add_argument("--health-interval", type=float, default=1.0, metavar="SECONDS",
                    help="how often actors are pinged (default %(default)s)")
     p.add_argument("--destroy-on-exit", action="store_true",
@@ -134,6 +140,8 @@ def serve(args: argparse.Namespace) -> int:
         status_reporter=reporter,
         metrics_namespace=spec.namespace if reporter is not None else None,
         env_resource=True if args.env_resource else None,
+        lease_host=args.lease_addr or os.environ.get("ENVPOOL_LEASE_API_HOST") or _http_addr(args),
+        lease_port=args.lease_port,
     )
 
     def _apply(new: spec_mod.PoolSpec) -> None:

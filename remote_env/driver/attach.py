@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from remote_env import errors, ray_connect
 from remote_env import spec as spec_mod
+from remote_env.driver import attach_options
 from remote_env.pool import holders, lease_actor, lease_rules
 from remote_env.pool import slot as pool_slot
 
@@ -42,9 +43,6 @@ DEFAULT_LEASE_TIMEOUT_S: Final = 60.0
 #: How long one lease request may take beyond ``wait_s``: a grant fences its actors
 #: (up to leases.FENCE_TIMEOUT_S) before it returns.
 ACQUIRE_TIMEOUT_S: Final = 30.0
-#: RemoteVectorEnv arguments the pool decides: its actors already exist.
-_POOL_OWNED: Final = ("env_fns", "existing_actors", "actor_replacer", "envs_per_actor",
-                      "threads_per_actor", "actor_options", "on_sub_environment_created")
 
 
 class PoolNotFoundError(RuntimeError):
@@ -236,11 +234,7 @@ def lease_pool(
         lease_actor.LeaseError: not enough free envs within ``wait_s``, or the
             pool's registry did not answer within it (it was restarting).
     """
-    for key in _POOL_OWNED:
-        if key in kwargs:
-            raise TypeError(f"from_pool() does not take {key!r}: the pool's actors are used as-is")
-    if lease_timeout_s <= 0:
-        raise ValueError(f"lease_timeout_s must be > 0, got {lease_timeout_s}")
+    attach_options.check_kwargs(kwargs, lease_timeout_s)
     # the local Ray / in-cluster head; a head still starting is waited for like the pool
     ray_connect.connect(address, default="auto", wait_s=wait_s)
     ns = namespace or spec_mod.ray_namespace(name)
@@ -344,13 +338,8 @@ def _build(name: str, ns: str, registry: Any, lease: dict[str, Any], keeper: _Le
            replace_timeout_s: float, kwargs: dict[str, Any]) -> PoolGrant:
     import ray
 
-    pool = spec_mod.parse_manifest(lease["pool_info"]["document"])
+    options = attach_options.pool_options(name, lease["pool_info"]["document"], kwargs)
     slots: list[pool_slot.SlotInfo] = lease["slots"]
-    mode = pool.autoreset_mode
-    asked = kwargs.pop("autoreset_mode", mode)
-    if str(getattr(asked, "value", asked)) != mode:
-        raise ValueError(f"pool {name!r} runs autoreset_mode={mode} (its actors autoreset); "
-                         f"got autoreset_mode={asked!r}")
     handles = [ray.get_actor(s.actor_name, namespace=ns) for s in slots]
     first_env: dict[int, int] = {}
     n = 0
@@ -359,16 +348,4 @@ def _build(name: str, ns: str, registry: Any, lease: dict[str, Any], keeper: _Le
         n += s.num_envs
     replacer = _PoolReplacer(registry, ns, {s.actor_id: s.slot for s in slots}, first_env,
                              replace_timeout_s, keeper.lease_id)
-    ft = pool.fault_tolerance
-    options: dict[str, Any] = {
-        "batch_wait_ms": pool.batch_wait_ms,
-        "restart_failed_sub_environments": ft.restart_failed_envs,
-        "step_timeout_s": ft.step_timeout,
-        "max_restarts": ft.max_restarts,
-        # the pool server backs off between restarts; no second backoff here
-        "restart_backoff_s": 0.0,
-        "pool": name,
-        **kwargs,
-    }
-    return PoolGrant(handles, [s.num_envs for s in slots], keeper, replacer,
-                     {"autoreset_mode": mode, **options})
+    return PoolGrant(handles, [s.num_envs for s in slots], keeper, replacer, options)

@@ -59,10 +59,9 @@ def remote_host() -> Any:
     return actor_host.actor_class()
 
 
-def describe_existing(handle: Any) -> dict[str, Any] | None:
-    """A host's description (started if needed), or None for a plain env actor."""
-    import ray
-
+def describe_existing(handle: Any, ray: Any) -> dict[str, Any] | None:
+    """A host's description (started if needed), or None for a plain env actor.
+    ``ray``: the module (or the vector env's stand-in for it)."""
     if not hasattr(handle, "describe"):
         if hasattr(handle, "step") and hasattr(handle, "reset"):
             return None
@@ -166,7 +165,7 @@ class HostTable:
                 raise ValueError(
                     f"existing_actors hold more envs than num_envs={num_envs} (len(env_fns))"
                 )
-            desc = describe_existing(handle)
+            desc = describe_existing(handle, self._ray)
             if desc is None:  # an env actor, not a host: host it as one sub-env
                 self._env_fns[next_id] = ReturnHandle(handle)
                 host_handle = self.new_actor([next_id], after_failure=False)

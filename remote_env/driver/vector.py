@@ -187,6 +187,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         lease: a :class:`~remote_env.driver.lease.HeldLease` on the actors (a pool's, see
             :meth:`from_pool`): its epoch goes with every call,
             each public call checks it is held, and :meth:`close` releases it.
+        runtime: what stands in for the ``ray`` module (None: Ray itself). A pool leased
+            over HTTP passes :class:`~remote_env.driver.http_lease.NoRay`: its actors
+            are reached over TCP only, and no Ray is imported.
 
     Example:
         >>> import gymnasium as gym
@@ -224,6 +227,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         pool: str = "default",
         metrics: PoolMetrics | None = None,
         lease: HeldLease | None = None,
+        runtime: Any = None,
     ) -> None:
         self.closed = True  # until construction succeeds: __del__ must not close twice
         env_fns = list(env_fns)
@@ -245,7 +249,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self.pool = pool
         self._lease = lease
         self.metrics = metrics if metrics is not None else PoolMetrics(registry, pool)
-        self._ray = ray_connect.connect(address)
+        # the ray module, or what stands in for it where actors are reached over TCP
+        # only (a pool leased over HTTP: remote_env.driver.http_lease.NoRay)
+        self._ray = runtime if runtime is not None else ray_connect.connect(address)
         if envs_per_actor is None:
             envs_per_actor = options_mod.envs_per_actor_for(
                 n, int(self._ray.cluster_resources().get("CPU", 1)))
@@ -341,16 +347,29 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                    **kwargs)
 
     @staticmethod
-    def from_pool(name: str, **kwargs: Any) -> RemoteVectorEnv:
-        """Lease envs of the running pool ``name`` and return a vector env over them
-        (arguments: :func:`remote_env.driver.attach.lease_pool`).
+    def from_pool(name: str, *, url: str | None = None, **kwargs: Any) -> RemoteVectorEnv:
+        """Lease envs of the running pool ``name`` and return a vector env over them.
+
+        Through Ray (arguments: :func:`remote_env.driver.attach.lease_pool`), or, given
+        ``url`` (the pool's lease API, ``http://<pool>-head-svc:8267``), over HTTP
+        and TCP with no Ray in this process (arguments, ``token``/``token_file``
+        among them: :func:`remote_env.driver.http_lease.lease_pool`).
 
         Example:
             >>> envs = RemoteVectorEnv.from_pool("cartpole", num_envs=16)  # doctest: +SKIP
+            >>> envs = RemoteVectorEnv.from_pool(  # doctest: +SKIP
+            ...     "cartpole", url="http://cartpole-head-svc:8267",
+            ...     token_file="/etc/envpool/lease-token/token", num_envs=8)
         """
-        from remote_env.driver import attach
+        grant: Any
+        if url is not None:
+            from remote_env.driver import http_lease
 
-        grant = attach.lease_pool(name, **kwargs)
+            grant = http_lease.lease_pool(name, url=url, **kwargs)
+        else:
+            from remote_env.driver import attach
+
+            grant = attach.lease_pool(name, **kwargs)
         try:
             return RemoteVectorEnv.from_actors(**grant.from_actors())
         except BaseException:

@@ -147,6 +147,11 @@ def pick(free: Sequence[SlotInfo], target: int) -> list[SlotInfo] | None:
     return [s for size, k in reach[target].items() for s in by_size[size][:k]]
 
 
+def free_envs(slots: Iterable[SlotInfo], leased: Collection[int]) -> int:
+    """The envs of ready actors no lease holds."""
+    return sum(s.num_envs for s in slots if s.state == "ready" and s.slot not in leased)
+
+
 def why_not(pool: str, slots: Mapping[int, SlotInfo], leased: Mapping[int, str],
             num_envs: int | None) -> str:
     """Why no lease of ``num_envs`` (None: any) can be granted from ``slots``."""

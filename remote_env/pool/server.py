@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import http.server
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -55,6 +56,7 @@ from remote_env.pool import (
     http_server,
     launch,
     lease_actor,
+    lease_api,
     lease_store,
     slot,
     supervisor,
@@ -85,6 +87,12 @@ class PoolServer:
         actor_options: extra Ray options for the env actors.
         holder_watch: tells which lease holders died, rate-limited (default: asks
             Ray's GCS at most every :data:`~remote_env.pool.holders.PROBE_INTERVAL_S`).
+        lease_host: address of the lease API (:mod:`remote_env.pool.lease_api`: trainers
+            without Ray lease over it); default ``$ENVPOOL_LEASE_API_HOST``, else ``http_host``.
+        lease_port: its port; None: ``$ENVPOOL_LEASE_API_PORT``, else
+            :data:`~remote_env.pool.lease_api.DEFAULT_PORT`; 0 any free port; -1 off.
+        lease_token: its bearer token; None reads the file ``$ENVPOOL_LEASE_TOKEN_FILE``
+            names, and without one the API stays off (logged).
 
     Requires a connected Ray (``ray.init(address=...)``).
     """
@@ -103,6 +111,9 @@ class PoolServer:
         actor_options: Mapping[str, Any] | None = None,
         env_resource: bool | None = None,
         holder_watch: holders.HolderWatch | None = None,
+        lease_host: str | None = None,
+        lease_port: int | None = None,
+        lease_token: bytes | None = None,
     ) -> None:
         if health_interval_s <= 0:
             raise ValueError(f"health_interval_s must be > 0, got {health_interval_s}")
@@ -145,6 +156,11 @@ class PoolServer:
         self._published_generation: int | None = None
         self._last_tick: float | None = None
         self._http: http.server.ThreadingHTTPServer | None = None
+        self._lease_host = lease_host or os.environ.get(lease_api.HOST_ENV) or http_host
+        self._lease_port = (lease_port if lease_port is not None
+                            else int(os.environ.get(lease_api.PORT_ENV) or lease_api.DEFAULT_PORT))
+        self._lease_token = lease_token
+        self._lease_api: lease_api.LeaseApiServer | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._started = False
@@ -166,6 +182,11 @@ class PoolServer:
     @property
     def url(self) -> str:
         return f"http://{self._http_host}:{self.http_port}"
+
+    @property
+    def lease_url(self) -> str | None:
+        """The lease API's URL (after :meth:`start`), None when it is off."""
+        return None if self._lease_api is None else self._lease_api.url
 
     def start(self) -> None:
         """Connect to the lease actor, adopt existing actors, start HTTP. Idempotent."""
@@ -194,8 +215,26 @@ class PoolServer:
         if self._http_port >= 0:
             self._http = http_server.serve_http(self, self._http_host, self._http_port)
             log.info("pool %s: serving %s/status, /metrics and /healthz", self.spec.name, self.url)
+        self._start_lease_api()
         self._started = True
         self._update_snapshot(time.monotonic())
+
+    def _start_lease_api(self) -> None:
+        """The lease API (trainers without Ray), when a token is configured."""
+        if self._lease_port < 0:
+            return
+        token = self._lease_token if self._lease_token is not None else lease_api.read_token()
+        if token is None:
+            log.info("pool %s: lease API off (no token: set $%s to the token's file)",
+                     self.spec.name, lease_api.TOKEN_FILE_ENV)
+            return
+        service = lease_api.LeaseService(
+            self.spec.name, lambda method, *args: self._lease_actor_call(method, *args),
+            lease_api.RayChannels(self.ray_namespace), self.metrics)
+        self._lease_api = lease_api.LeaseApiServer(service, token, self._lease_host,
+                                                   self._lease_port)
+        self._lease_api.start()
+        log.info("pool %s: lease API at %s/v1/", self.spec.name, self._lease_api.url)
 
     def start_background(self) -> None:
         """:meth:`start`, then supervise on a daemon thread until :meth:`close`."""
@@ -233,6 +272,9 @@ class PoolServer:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        if self._lease_api is not None:
+            self._lease_api.close()
+            self._lease_api = None
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()

@@ -160,8 +160,12 @@ class ChannelServer:
 
     def __init__(self, handler: Callable[[Any], Any],
                  auth_timeout_s: float = AUTH_TIMEOUT_S,
-                 on_disconnect: Callable[[], None] | None = None) -> None:
+                 on_disconnect: Callable[[], None] | None = None,
+                 lease_epoch: Callable[[], int] | None = None) -> None:
         self._handler = handler
+        # the actor's current lease epoch (0: none): a trainer may hold that lease's
+        # key (protocol.lease_key) instead of the actor's own
+        self._lease_epoch = lease_epoch
         self._on_disconnect = on_disconnect
         self._auth_timeout_s = auth_timeout_s
         self._dir = tempfile.mkdtemp(prefix="envpool-chan-")  # mkdtemp: mode 0700
@@ -213,6 +217,11 @@ class ChannelServer:
         if frames is not None:
             frames.spin_for(seconds)
 
+    def connection_epoch(self) -> int | None:
+        """From the handler: the lease epoch the connection being served authenticated
+        with (a lease's key), or None (the actor's own key: its Ray-side drivers)."""
+        return getattr(self._local, "epoch", None)
+
     def _accept(self, listener: socket.socket) -> None:
         while not self._closed:
             try:
@@ -230,7 +239,11 @@ class ChannelServer:
     def _serve(self, sock: socket.socket) -> None:
         try:
             sock.settimeout(self._auth_timeout_s)
-            protocol.server_handshake(sock, self.authkey)
+            epoch = self._lease_epoch() if self._lease_epoch is not None else 0
+            others = [protocol.lease_key(self.authkey, epoch)] if epoch > 0 else []
+            which = protocol.server_handshake(sock, self.authkey, others)
+            # a lease's key binds the connection to that lease (connection_epoch)
+            self._local.epoch = epoch if which else None
             sock.settimeout(None)
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -181,11 +181,29 @@ def _refuse(sock: socket.socket, reason: str) -> None:
         pass
 
 
-def server_handshake(sock: socket.socket, key: bytes) -> None:
+def lease_key(actor_key: bytes, epoch: int) -> bytes:
+    """The key of the lease at ``epoch`` on the actor whose channel key is ``actor_key``:
+    ``HMAC-SHA256(actor_key, "envpool-lease/<epoch>")``.
+
+    A pool hands this, never the actor's own key, to a trainer that leases over HTTP:
+    the actor accepts it only while ``epoch`` is its fence (the lease is the newest on
+    it), and a connection it opened makes only that lease's fenced calls. So a key
+    outlives neither its lease nor its actor, and is worth nothing on another actor.
+    """
+    return hmac.new(actor_key, b"envpool-lease/%d" % epoch, hashlib.sha256).digest()
+
+
+def server_handshake(sock: socket.socket, key: bytes,
+                     others: Sequence[bytes] = ()) -> int:
     """The serving end's half: hello and challenge, then check the client's answer.
 
     A client of another version or without the key gets a refusal that says why
     before the connection closes (an error it can show its user), and nothing else.
+    ``others`` are further keys a client may hold (a lease's, :func:`lease_key`);
+    every one is compared (constant time each), so the answer's timing tells nothing.
+
+    Returns:
+        which key the client holds: 0 for ``key``, ``i + 1`` for ``others[i]``.
 
     Raises:
         AuthenticationError: the client was refused (the reason is the message).
@@ -204,11 +222,16 @@ def server_handshake(sock: socket.socket, key: bytes) -> None:
         _refuse(sock, reason)
         raise AuthenticationError(reason)
     answer = _recv_exact(sock, 32 + NONCE)
-    if not hmac.compare_digest(answer[:32], _digest(key, b"client", nonce)):
-        reason = "the client does not hold this actor's key (a wrong or an expired key)"
+    keys = [key, *others]
+    held = [hmac.compare_digest(answer[:32], _digest(k, b"client", nonce)) for k in keys]
+    if not any(held):
+        reason = ("the client does not hold this actor's key (a wrong key, or a lease's key "
+                  "whose lease is over: another lease is newer on this actor)")
         _refuse(sock, reason)
         raise AuthenticationError(reason)
-    sock.sendall(bytes([ACCEPTED]) + _digest(key, b"server", answer[32:]))
+    which = held.index(True)
+    sock.sendall(bytes([ACCEPTED]) + _digest(keys[which], b"server", answer[32:]))
+    return which
 
 
 def client_handshake(sock: socket.socket, key: bytes) -> None:

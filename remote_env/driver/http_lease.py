@@ -1,0 +1,401 @@
+"""A trainer without Ray: lease a pool's envs over its HTTP lease API, step them over TCP.
+
+``RemoteVectorEnv.from_pool("cartpole", url="http://cartpole-head-svc:8267",
+token_file="/etc/envpool/lease-token/token")`` calls :func:`lease_pool`: it leases
+whole actors through the pool server's lease API (:mod:`remote_env.pool.lease_api`;
+the same lease rules and fences as a Ray trainer's lease), and builds the vector env
+over stand-ins for the actors' Ray handles (:class:`TcpActor`) and for the ``ray``
+module (:class:`NoRay`): every call goes over the actor's TCP channel
+(:mod:`remote_env.wire.channel`), authenticated with the lease's own key. The
+vector env is the same class, so steps, ``send``/``recv``, splits, failures and
+metrics behave as with Ray.
+
+* A heartbeat thread renews the lease (``POST /v1/heartbeat``); ``close()``
+  releases it (``/v1/release``); a trainer that dies stops renewing and its envs go
+  back after ``lease_timeout_s``.
+* An actor that dies closes its socket: the step returns its envs truncated with
+  ``info["error"]``, and the replacement the pool server makes comes back through
+  ``/v1/replace`` (the pool server is the one owner of restarts).
+
+Nothing here imports ``ray``: the import path of such a trainer runs in an image
+without it (``pip install --no-deps envpool-k8s`` plus the ``client`` extra; see the
+README). The HTTP client is the standard library's.
+
+Example:
+    >>> envs = RemoteVectorEnv.from_pool("cartpole", url="http://head:8267",
+    ...                                  token_file="/etc/envpool/lease-token/token",
+    ...                                  num_envs=8)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from remote_env import errors
+from remote_env.driver import attach_options
+from remote_env.wire import channel, protocol
+
+log = logging.getLogger(__name__)
+
+#: How long one HTTP request may take beyond the ``wait_s`` it asks the server for.
+HTTP_SLACK_S: Final = 30.0
+#: The longest one replace request waits on the server (asked again until the deadline).
+_REPLACE_POLL_S: Final = 30.0
+
+
+class LeaseApiError(RuntimeError):
+    """The lease API refused a request: its HTTP status and JSON answer.
+
+    ``retryable`` (409 too few free envs, 503 not ready / not yet): asking again later
+    may succeed; ``free_envs``/``asked_envs`` say how far the pool was from granting.
+    """
+
+    def __init__(self, status: int, body: dict[str, Any], url: str) -> None:
+        message = str(body.get("error") or body)
+        super().__init__(f"{url}: HTTP {status}: {message}")
+        self.status = status
+        self.body = body
+
+    @property
+    def retryable(self) -> bool:
+        return bool(self.body.get("retryable"))
+
+    @property
+    def free_envs(self) -> int | None:
+        free = self.body.get("free_envs")
+        return None if free is None else int(free)
+
+    @property
+    def asked_envs(self) -> int | None:
+        asked = self.body.get("asked_envs")
+        return None if asked is None else int(asked)
+
+
+class LeaseApi:
+    """``POST`` JSON to a pool's lease API with its bearer token (the stdlib's urllib)."""
+
+    def __init__(self, url: str, token: str | bytes) -> None:
+        self.url = url.rstrip("/")
+        raw = token.decode() if isinstance(token, bytes) else token
+        self._auth = "Bearer " + raw.strip()
+
+    def post(self, path: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        url = f"{self.url}/v1/{path}"
+        req = urllib.request.Request(
+            url, data=json.dumps(body).encode(), method="POST",
+            headers={"Authorization": self._auth, "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                answer: dict[str, Any] = json.loads(resp.read())
+                return answer
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                parsed = {"error": raw.decode(errors="replace")[:500]}
+            raise LeaseApiError(exc.code, parsed if isinstance(parsed, dict)
+                                else {"error": str(parsed)}, url) from None
+
+
+def read_token(token: str | bytes | None, token_file: str | None) -> str:
+    """The bearer token: ``token``, else the file's contents."""
+    if token is not None and token_file is not None:
+        raise ValueError("give token or token_file, not both")
+    if token is not None:
+        value = token.decode() if isinstance(token, bytes) else token
+    elif token_file is not None:
+        with open(token_file, encoding="utf-8") as f:
+            value = f.read()
+    else:
+        raise ValueError("a pool's lease API needs its token: pass token=... or token_file=... "
+                         "(the Secret <pool>-lease-token, key 'token')")
+    if not value.strip():
+        raise ValueError("the lease token is empty" + (f" ({token_file})" if token_file else ""))
+    return value.strip()
+
+
+# ------------------------------------------------------ stand-ins for Ray's
+
+
+@dataclass(frozen=True)
+class _Done:
+    """An answer known at once (a stand-in for a Ray ref that is ready)."""
+
+    value: Any
+
+
+class TcpActor:
+    """A leased actor reached over TCP only: what the vector env uses a Ray handle for.
+
+    ``handle.describe.remote()`` and other calls go over a control channel of its
+    own as the lease's fenced calls; ``open_channel`` answers with the actor's address
+    and the lease key, so the vector env opens its data channel as it would to an
+    actor on another node.
+    """
+
+    def __init__(self, entry: dict[str, Any], epoch: int) -> None:
+        self.slot = int(entry["slot"])
+        self.actor_id = str(entry["actor_id"])
+        self.address = str(entry["address"])
+        self.num_envs = int(entry["num_envs"])
+        self.epoch = epoch
+        self._key = bytes.fromhex(str(entry["key"]))
+        channel.parse_tcp(self.address)  # a bad address fails here, clearly
+        self._control: channel.Channel | None = None
+        self._lock = threading.Lock()
+
+    def __getattr__(self, method: str) -> _Method:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return _Method(self, method)
+
+    def call(self, method: str, *args: Any) -> Any:
+        if method == "open_channel":
+            return _Done((self.address, self._key))
+        if method == "close":  # the pool's actor keeps its envs for the next trainer
+            return _Done([])
+        message = (("fenced", *args) if method == "fenced"
+                   else ("fenced", self.epoch, method, *args))
+        with self._lock:
+            if self._control is None or self._control.closed:
+                self._control = channel.Channel(self.address, self._key)
+            return self._control.call(message)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._control is not None:
+                self._control.close()
+                self._control = None
+
+    def __repr__(self) -> str:
+        return f"TcpActor(slot={self.slot}, {self.address})"
+
+
+@dataclass(frozen=True)
+class _Method:
+    actor: TcpActor
+    name: str
+
+    def remote(self, *args: Any) -> Any:
+        return self.actor.call(self.name, *args)
+
+
+class _Never(Exception):
+    """A Ray error type no call here raises (only Ray does)."""
+
+
+class NoRay:
+    """What the vector env calls on the ``ray`` module, for actors reached over TCP only.
+
+    Its exception types are ones nothing raises: a dead actor shows as the channel's
+    :class:`~remote_env.wire.channel.ChannelClosedError`, as it does under Ray.
+    """
+
+    class exceptions:
+        RayActorError = type("RayActorError", (_Never,), {})
+        RayTaskError = type("RayTaskError", (_Never,), {})
+        GetTimeoutError = type("GetTimeoutError", (_Never,), {})
+        ActorUnavailableError = type("ActorUnavailableError", (_Never,), {})
+
+    NODE: Final = "envpool-http-trainer"
+
+    def is_initialized(self) -> bool:
+        """False: nothing here owns actors to close or kill (the pool's stay warm)."""
+        return False
+
+    def get_runtime_context(self) -> NoRay:
+        return self
+
+    def get_node_id(self) -> str:
+        """No actor's node: every actor is reached over TCP."""
+        return self.NODE
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 1.0}
+
+    def get(self, ref: Any, timeout: float | None = None) -> Any:
+        if isinstance(ref, list):
+            return [self.get(r, timeout) for r in ref]
+        if isinstance(ref, _Done):
+            return ref.value
+        return channel.get(ref, self)
+
+    def wait(self, refs: Sequence[Any], num_returns: int = 1,
+             timeout: float | None = None) -> tuple[list[Any], list[Any]]:
+        return list(refs), []  # only answers known at once get here
+
+    def kill(self, handle: Any, no_restart: bool = True) -> None:
+        if isinstance(handle, TcpActor):
+            handle.close()
+
+
+# ------------------------------------------------------------------ the lease
+
+
+class HttpLease:
+    """The lease (a :class:`~remote_env.driver.lease.HeldLease`), renewed on a daemon
+    thread over HTTP. Holds no reference to the env (GC)."""
+
+    def __init__(self, api: LeaseApi, answer: dict[str, Any], trainer: str,
+                 ttl_s: float) -> None:
+        self._api = api
+        self.lease_id = str(answer["lease_id"])
+        self.epoch = int(answer["epoch"])
+        self.slots = [int(a["slot"]) for a in answer["actors"]]
+        self.trainer = trainer
+        self.ttl_s = ttl_s
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{self.lease_id[:8]}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # Three chances per ttl: one slow request does not lose the lease.
+        while not self._stop.wait(self.ttl_s / 3):
+            body = {"lease_id": self.lease_id, "trainer": self.trainer, "slots": self.slots,
+                    "ttl_s": self.ttl_s, "epoch": self.epoch}
+            try:
+                self._api.post("heartbeat", body, self.ttl_s / 3)
+            except LeaseApiError as exc:
+                if exc.status == 410:
+                    self.lost = True
+                    log.error("lease %s: lost: %s", self.lease_id[:8], exc)
+                    return
+                log.warning("lease %s: heartbeat refused: %s", self.lease_id[:8], exc)
+            except OSError as exc:  # the pool server is unreachable for now: next beat
+                log.warning("lease %s: heartbeat failed: %s", self.lease_id[:8], exc)
+
+    def check(self) -> None:
+        if self.lost:
+            raise errors.LeaseLostError(
+                f"the lease on slots {self.slots} expired (no heartbeat for {self.ttl_s}s) and "
+                "another trainer leased some of them; attach again")
+
+    def release(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        try:
+            self._api.post("release", {"lease_id": self.lease_id}, 10.0)
+        except (LeaseApiError, OSError) as exc:  # it expires on its own anyway
+            log.warning("lease %s: release failed (%s); it expires in %ss", self.lease_id[:8],
+                        exc, self.ttl_s)
+
+
+class HttpReplacer:
+    """``actor_replacer``: the pool server replaces a failed actor; we ask and wait."""
+
+    def __init__(self, api: LeaseApi, lease: HttpLease, first_env: dict[int, int],
+                 timeout_s: float) -> None:
+        self._api = api
+        self._lease = lease
+        self._first_env = first_env
+        self._timeout_s = timeout_s
+
+    def __call__(self, failed: TcpActor, reason: str) -> TcpActor:
+        failed.close()
+        env = self._first_env[failed.slot]
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            wait_s = max(0.0, min(deadline - time.monotonic(), _REPLACE_POLL_S))
+            body = {"lease_id": self._lease.lease_id, "slot": failed.slot,
+                    "actor_id": failed.actor_id, "epoch": self._lease.epoch,
+                    "reason": reason, "wait_s": wait_s}
+            try:
+                answer = self._api.post("replace", body, wait_s + HTTP_SLACK_S)
+                return TcpActor(answer["actor"], self._lease.epoch)
+            except LeaseApiError as exc:
+                if exc.status == 410:
+                    raise errors.LeaseLostError(str(exc)) from None
+                if not exc.retryable or time.monotonic() >= deadline:
+                    raise errors.SubEnvironmentFailedError(
+                        env, f"its actor failed ({reason}) and the pool did not replace it "
+                        f"within {self._timeout_s:.0f}s: {exc}") from None
+            except OSError as exc:  # the pool server restarting: ask again until the deadline
+                if time.monotonic() >= deadline:
+                    raise errors.SubEnvironmentFailedError(
+                        env, f"its actor failed ({reason}); the pool's lease API did not "
+                        f"answer: {exc}") from None
+                time.sleep(0.5)
+
+
+@dataclass(frozen=True)
+class HttpGrant:
+    """What an HTTP lease gives: ``RemoteVectorEnv.from_actors(**grant.from_actors())``."""
+
+    handles: list[TcpActor]
+    lease: HttpLease
+    replacer: HttpReplacer
+    options: dict[str, Any]
+
+    def from_actors(self) -> dict[str, Any]:
+        return {"actors": self.handles, "sizes": [h.num_envs for h in self.handles],
+                "lease": self.lease, "actor_replacer": self.replacer, "runtime": NoRay(),
+                **self.options}
+
+
+def lease_pool(
+    name: str,
+    *,
+    url: str,
+    token: str | bytes | None = None,
+    token_file: str | None = None,
+    num_envs: int | None = None,
+    lease_timeout_s: float = 60.0,
+    wait_s: float = 0.0,
+    replace_timeout_s: float = 300.0,
+    trainer: str | None = None,
+    **kwargs: Any,
+) -> HttpGrant:
+    """Lease envs of pool ``name`` through its lease API at ``url``
+    (``RemoteVectorEnv.from_pool(name, url=...)``'s work).
+
+    Args:
+        url: the lease API, ``http://<pool>-head-svc:8267`` in-cluster.
+        token, token_file: its bearer token, or the file holding it (the Secret
+            ``<pool>-lease-token``, key ``token``).
+        num_envs: envs to lease (whole actors: a sum of their sizes); None: all free.
+        lease_timeout_s: the lease ends this long after the last heartbeat.
+        wait_s: the server waits up to this long for enough free envs; 0 answers at once.
+        replace_timeout_s: how long a step waits for a failed actor's replacement.
+        trainer: a name for this trainer in the pool's ``/status`` (default host:pid).
+        **kwargs: :class:`RemoteVectorEnv` options, as for a Ray lease.
+
+    Raises:
+        LeaseApiError: the API refused (``retryable``: too few free envs, with
+            ``free_envs``/``asked_envs``, or the pool not ready); 401 a wrong token.
+    """
+    attach_options.check_kwargs(kwargs, lease_timeout_s)
+    for key in ("address", "namespace", "reclaim"):
+        if key in kwargs:
+            raise TypeError(f"from_pool(url=...) does not take {key!r}: it leases over HTTP, "
+                            "without Ray")
+    api = LeaseApi(url, read_token(token, token_file))
+    who = trainer or f"{socket.gethostname()}:{os.getpid()}"
+    body = {"num_envs": num_envs, "trainer": who, "ttl_s": lease_timeout_s, "wait_s": wait_s,
+            # ours: a retry of a request whose answer was lost is the same lease
+            "lease_id": os.urandom(16).hex(), "protocol": protocol.VERSION}
+    answer = api.post("lease", body, wait_s + HTTP_SLACK_S)
+    lease = HttpLease(api, answer, who, lease_timeout_s)
+    try:
+        options = attach_options.pool_options(name, answer["spec"], kwargs)
+        handles = [TcpActor(a, lease.epoch) for a in answer["actors"]]
+        first_env = {h.slot: int(a["env_ids"][0]) for h, a in zip(handles, answer["actors"],
+                                                                  strict=True)}
+        return HttpGrant(handles, lease, HttpReplacer(api, lease, first_env, replace_timeout_s),
+                         options)
+    except BaseException:
+        lease.release()
+        raise

@@ -1,0 +1,258 @@
+"""Trainers without Ray (issue 30): a real local Ray pool server serves its lease API;
+trainers lease over HTTP (``RemoteVectorEnv.from_pool(name, url=...)``) and step the
+actors over TCP with the lease's own key. Real parts throughout: the pool server, its
+actors, aiohttp, SIGKILL of an actor, a subprocess whose ``import ray`` fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from multiprocessing import AuthenticationError
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import ray
+from ray_checks import wait_for
+
+from remote_env import RemoteVectorEnv, spec
+from remote_env.driver.http_lease import LeaseApi, LeaseApiError
+from remote_env.pool import lease_actor
+from remote_env.pool.server import PoolServer
+from remote_env.wire import channel, protocol
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+TOKEN = "integration-lease-token"
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[PoolServer]:
+    """16 CartPole envs, 4 per actor, on a local Ray; the lease API on a free port."""
+    ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    doc = {"apiVersion": "envpool.dev/v1alpha1", "kind": "EnvPool",
+           "metadata": {"name": "httppool"},
+           "spec": {"env": {"id": "CartPole-v1"}, "replicas": 16, "envsPerActor": 4,
+                    "faultTolerance": {"restartBackoffSeconds": 0, "stepTimeoutSeconds": 10,
+                                       "maxRestarts": 3}}}
+    server = PoolServer(spec.parse_manifest(doc), http_port=0, health_interval_s=0.3,
+                        lease_host="127.0.0.1", lease_port=0, lease_token=TOKEN.encode())
+    try:
+        server.start_background()
+        server.wait_ready(120)
+        assert server.lease_url is not None
+        yield server
+    finally:
+        server.close(destroy=True)
+        ray.shutdown()
+
+
+def _attach(server: PoolServer, num_envs: int, **kwargs: Any) -> RemoteVectorEnv:
+    return RemoteVectorEnv.from_pool("httppool", url=server.lease_url, token=TOKEN,
+                                     num_envs=num_envs, **kwargs)
+
+
+def _free(server: PoolServer, n: int) -> None:
+    wait_for(lambda: server.status()["freeEnvs"] == n, 30, f"{n} free envs")
+
+
+def test_a_trainer_leases_8_of_16_over_http_and_steps_as_sync_vector_env(
+        pool: PoolServer) -> None:
+    seeds = list(range(100, 108))
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, 2, size=(300, 8))
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 8)
+    envs = _attach(pool, 8)
+    try:
+        assert envs.num_envs == 8 and len(envs.lease.slots) == 2
+        wait_for(lambda: pool.status()["leasedEnvs"] == 8, 10, "8 envs leased")
+        obs, _ = envs.reset(seed=seeds)
+        assert all(h.channel and h.tcp and not h.shared for h in envs.hosts())
+        want, _ = ref.reset(seed=seeds)
+        np.testing.assert_array_equal(obs, want)
+        for a in actions:  # 300 steps: every env terminates and autoresets at least once
+            got = envs.step(a)
+            exp = ref.step(a)
+            for g, e in zip(got[:4], exp[:4], strict=True):
+                np.testing.assert_array_equal(g, e)
+    finally:
+        envs.close()
+        ref.close()
+    _free(pool, 16)  # released on close
+
+
+def test_a_sigkilled_actor_gives_a_truncated_step_then_its_replacement(
+        pool: PoolServer) -> None:
+    envs = _attach(pool, 8)
+    try:
+        envs.reset(seed=0)
+        envs.step(np.zeros(8, dtype=np.int64))
+        victim = envs.hosts()[1]
+        old_actor = victim.handle.actor_id
+        layout = lease_actor.PoolLayout.read(
+            ray.get(lease_actor.get_lease_actor(pool.ray_namespace).layout.remote()))
+        name = next(s.actor_name for s in layout.slots if s.actor_id == old_actor)
+        pid = ray.get(ray.get_actor(name, namespace=pool.ray_namespace).ping.remote())
+        os.kill(pid, signal.SIGKILL)
+        _, _, term, trunc, info = envs.step(np.zeros(8, dtype=np.int64))
+        dead = victim.env_ids
+        assert trunc[dead].all() and not term[dead].any()
+        assert all(str(info["error"][i]).startswith("actor_died") for i in dead), info
+        assert not trunc[envs.hosts()[0].env_ids].any()
+        # the next steps go to the replacement the pool server made (no error)
+        deadline = time.monotonic() + 60
+        while True:
+            _, _, _, trunc, info = envs.step(np.zeros(8, dtype=np.int64))
+            if envs.hosts()[1].handle.actor_id != old_actor and "error" not in info:
+                break
+            assert time.monotonic() < deadline, "no replacement within 60 s"
+        assert envs.hosts()[1].handle.slot == victim.handle.slot
+        assert envs.hosts()[1].tcp
+        for _ in range(5):
+            _, _, _, trunc, info = envs.step(np.zeros(8, dtype=np.int64))
+            assert "error" not in info
+        assert envs.restart_counts.tolist() == [0] * 4 + [1] * 4
+    finally:
+        envs.close()
+    _free(pool, 16)
+
+
+def test_bad_input_is_refused_clearly_and_disturbs_no_one(pool: PoolServer) -> None:
+    assert pool.lease_url is not None
+    holder = _attach(pool, 8)  # a trainer stepping all along
+    try:
+        holder.reset(seed=1)
+        # a wrong token
+        with pytest.raises(LeaseApiError, match="HTTP 401: a wrong token") as exc:
+            RemoteVectorEnv.from_pool("httppool", url=pool.lease_url, token="nope",
+                                      num_envs=4)
+        # more than the pool has free: at once, with how many are free and asked
+        start = time.monotonic()
+        with pytest.raises(LeaseApiError) as exc:
+            _attach(pool, 12)
+        assert time.monotonic() - start < 5
+        assert exc.value.status == 409 and exc.value.retryable
+        assert (exc.value.free_envs, exc.value.asked_envs) == (8, 12)
+        # a malformed body, a client of another wire protocol version
+        api = LeaseApi(pool.lease_url, TOKEN)
+        with pytest.raises(LeaseApiError, match="field 'num_envs'") as exc:
+            api.post("lease", {"num_envs": "4"}, 10)
+        assert exc.value.status == 400
+        with pytest.raises(LeaseApiError, match="version 3, the client 2") as exc:
+            api.post("lease", {"num_envs": 4, "protocol": 2}, 10)
+        # a stale epoch: a released lease's key opens nothing once the actors are leased again
+        old = api.post("lease", {"num_envs": 8}, 10)
+        api.post("release", {"lease_id": old["lease_id"]}, 10)
+        newer = _attach(pool, 8)
+        try:
+            newer.reset(seed=2)
+            for actor in old["actors"]:
+                with pytest.raises(AuthenticationError, match="another lease is newer"):
+                    channel.Channel(actor["address"], bytes.fromhex(actor["key"]))
+            # a peer speaking wire version 2 to an actor's port is refused with the reason
+            host, port = channel.parse_tcp(old["actors"][0]["address"]) or ("", 0)
+            with socket.create_connection((host, port), timeout=5) as sock:
+                sock.recv(protocol.HELLO.size + protocol.NONCE)
+                sock.sendall(protocol.HELLO.pack(protocol.MAGIC, 2))
+                refusal = sock.recv(1024)
+            assert refusal[0] == protocol.REFUSED
+            (n,) = struct.unpack("<H", refusal[1:3])
+            assert b"version 2 is not spoken here" in refusal[3:3 + n]
+            newer.step(np.zeros(8, dtype=np.int64))  # the newer lease steps on
+        finally:
+            newer.close()
+        # nothing disturbed the trainer stepping all along
+        for _ in range(3):
+            _, _, _, _, info = holder.step(np.zeros(8, dtype=np.int64))
+            assert "error" not in info
+    finally:
+        holder.close()
+    _free(pool, 16)
+
+
+RAY_FREE_TRAINER = textwrap.dedent("""
+    import importlib.abc, importlib.util, json, sys
+
+    installed = importlib.util.find_spec("ray") is not None
+
+    class NoRay(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "ray" or name.startswith("ray."):
+                raise ImportError(f"ray is blocked in this trainer (imported: {name})")
+            return None
+
+    sys.meta_path.insert(0, NoRay())
+    import numpy as np
+    from remote_env import RemoteVectorEnv
+
+    envs = RemoteVectorEnv.from_pool("httppool", url=sys.argv[1], token_file=sys.argv[2],
+                                     num_envs=4)
+    obs, _ = envs.reset(seed=7)
+    total = 0.0
+    for _ in range(50):
+        obs, rew, term, trunc, info = envs.step(np.ones(4, dtype=np.int64))
+        total += float(rew.sum())
+    envs.close()
+    print(json.dumps({"ray": "ray" in sys.modules, "ray_installed": installed,
+                      "reward": total, "shape": list(obs.shape)}))
+""")
+
+
+def test_a_trainer_runs_with_ray_blocked(pool: PoolServer, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    proc = subprocess.run([sys.executable, "-c", RAY_FREE_TRAINER, str(pool.lease_url),
+                           str(token_file)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["ray"] is False and out["shape"] == [4, 4] and out["reward"] > 0
+    assert out["ray_installed"] is True  # blocked, not absent: the next test has it absent
+    _free(pool, 16)
+
+
+#: What a Ray-free trainer image installs besides envpool-k8s itself (README: "A
+#: trainer without Ray"; pyproject's ``client`` extra), by import name, and numpy's
+#: vendored libraries.
+CLIENT_IMPORTS = ("gymnasium", "numpy", "numpy.libs", "prometheus_client", "cloudpickle",
+                  "yaml", "_yaml", "farama_notifications", "typing_extensions.py")
+
+
+def test_a_trainer_runs_in_a_venv_without_ray(pool: PoolServer, tmp_path: Path) -> None:
+    """A fresh venv holding only the client's dependencies (linked from this venv's
+    site-packages, so no network) and this tree: no ray, pettingzoo, psutil, aiohttp."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    site = Path(np.__file__).resolve().parents[1]
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    for name in CLIENT_IMPORTS:
+        assert (site / name).exists(), name
+        (deps / name).symlink_to(site / name)
+    [venv_site] = (venv / "lib").glob("python3*/site-packages")
+    (venv_site / "envpool_client.pth").write_text(f"{deps}\n{ROOT}\n")
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", RAY_FREE_TRAINER,
+                           str(pool.lease_url), str(token_file)], capture_output=True,
+                          text=True, timeout=120, env=clean, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["ray_installed"] is False and out["ray"] is False
+    assert out["shape"] == [4, 4] and out["reward"] > 0
+    _free(pool, 16)

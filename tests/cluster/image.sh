@@ -129,7 +129,8 @@ fi
 # --no-deps, and NO Ray. Two images: the base (debootstrap + PyPI deps, keyed by this
 # recipe) and the top (the package from the committed tree, keyed by its source).
 # Checked at build time: `import ray` must fail in it, `import remote_env` must not.
-TRAINER_PIP_DEPS="'gymnasium>=1.2,<2' 'numpy>=1.26' cloudpickle pyyaml prometheus-client"
+# the 'client' extra of pyproject.toml (tests/unit/test_data_ports.py checks they agree)
+TRAINER_PIP_DEPS="'gymnasium>=1.2,<2' 'numpy>=1.26' 'prometheus-client>=0.20' 'cloudpickle>=2' 'pyyaml>=6'"
 trainer_base_key=$( { sed -n '/^# ---- 4. trainer/,/^trainer_key=/p' "$0" | grep -v '^trainer_key='; echo "$DEBIAN_SUITE"; } | key_of)
 TRAINER_BASE="localhost/envpool-trainer-base:$trainer_base_key"
 trainer_base_done="$IMG/trainer-base-$trainer_base_key.done"

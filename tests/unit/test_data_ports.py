@@ -69,3 +69,19 @@ def test_without_the_range_any_free_port(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_a_bad_range_is_a_clear_error(bad: str) -> None:
     with pytest.raises(ValueError, match="ENVPOOL_DATA_PORTS must be '<low>-<high>'"):
         channel.parse_port_range(bad)
+
+
+def test_the_trainer_image_installs_the_client_extra() -> None:
+    """tests/cluster/image.sh's Ray-free trainer image holds what the 'client' extra names."""
+    import re
+    import shlex
+    import tomllib
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    extra = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]["client"]
+    script = (repo / "tests" / "cluster" / "image.sh").read_text()
+    m = re.search(r'^TRAINER_PIP_DEPS="(.*)"$', script, re.M)
+    assert m, "TRAINER_PIP_DEPS not found in image.sh"
+    assert sorted(shlex.split(m.group(1))) == sorted(extra)
+    assert not any(d.split("[")[0].split(">")[0].split("=")[0] == "ray" for d in extra)

@@ -118,3 +118,13 @@ def test_the_operator_never_reads_or_replaces_a_secret(monkeypatch: pytest.Monke
         _reconcile(monkeypatch, api)
         assert {r[0] for r in api.secret_requests()} == {"POST"}
     assert ("v1", "Secret") in kube._KINDS  # a create path, and only that is used
+
+
+def test_the_operator_and_the_pool_server_agree_on_the_lease_api() -> None:
+    from envpool_operator import names
+    from remote_env.pool import lease_api
+    from remote_env.wire import channel
+
+    assert names.LEASE_API_PORT == lease_api.DEFAULT_PORT
+    assert names.LEASE_TOKEN_ENV == lease_api.TOKEN_FILE_ENV
+    assert names.DATA_PORTS_ENV == channel.DATA_PORTS_ENV

@@ -3,7 +3,11 @@ pool's NetworkPolicy opens to trainers without Ray: real sockets on the loopback
 
 from __future__ import annotations
 
+import re
+import shlex
 import socket
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,11 +77,6 @@ def test_a_bad_range_is_a_clear_error(bad: str) -> None:
 
 def test_the_trainer_image_installs_the_client_extra() -> None:
     """tests/cluster/image.sh's Ray-free trainer image holds what the 'client' extra names."""
-    import re
-    import shlex
-    import tomllib
-    from pathlib import Path
-
     repo = Path(__file__).resolve().parents[2]
     extra = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]["client"]
     script = (repo / "tests" / "cluster" / "image.sh").read_text()

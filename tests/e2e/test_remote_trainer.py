@@ -17,6 +17,7 @@ as an object here and as a manifest in tests/unit.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -262,9 +263,29 @@ def test_2_a_ray_free_trainer_steps_at_near_host_speed(journey: Journey) -> None
     assert ratio >= MIN_RATIO, (got, host)
 
 
+#: the trainer pod's established TCP connections (remote ip, port), from /proc/net/tcp
+#: (the image has no ss or netstat)
+_PEERS = r"""
+import json, socket, struct
+out = []
+for line in open("/proc/net/tcp").read().splitlines()[1:]:
+    f = line.split()
+    if f[3] == "01":  # ESTABLISHED
+        ip, port = f[2].split(":")
+        out.append([socket.inet_ntoa(struct.pack("<I", int(ip, 16))), int(port, 16)])
+print(json.dumps(out))
+"""
+
+
 def test_3_every_step_accounted_for_through_a_worker_pod_deletion(journey: Journey) -> None:
     journey.kube.apply(ray_free_job(journey, "stepper", STEPPING_TRAINER, POOL, "8", "10"))
     steps = journey.wait_stepping("stepper")
+    # it steps over TCP to a worker pod, on a port of the range the NetworkPolicy opens
+    peers = json.loads(journey.kube.kubectl("exec", journey.job_pod("stepper"), "-n", journey.ns,
+                                            "--", "python", "-c", _PEERS).stdout)
+    workers = {p["status"]["podIP"] for p in journey.pods("worker")}
+    data = [(ip, port) for ip, port in peers if ip in workers]
+    assert data and all(20000 <= port <= 29999 for _, port in data), (peers, workers)
     # the worker pod that hosts the leased actor (the pool server reports pod names)
     leased = journey.kube.wait_until(lambda: journey.pool_report().get("leasedWorkers"),
                                      timeout=60, what="the pool report naming the leased worker")
@@ -282,6 +303,7 @@ def test_3_every_step_accounted_for_through_a_worker_pod_deletion(journey: Journ
     journey.figures["worker_deleted_to_stepping_again_s"] = time.monotonic() - t0
     assert journey.progress("stepper") > steps
     result = journey.stop_stepping("stepper")
+    print(f"\n[remote] stepper through the worker pod deletion: {result}")
     journey.figures["stepper_steps"] = result["steps"]
     assert result["done"] and result["unanswered"] == 0, result
     # the lost actor's in-flight steps came back as truncated steps carrying the error

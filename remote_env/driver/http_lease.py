@@ -39,6 +39,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from multiprocessing import AuthenticationError
 from typing import Any, Final
 
 from remote_env import errors
@@ -168,8 +169,14 @@ class TcpActor:
         message = (("fenced", *args) if method == "fenced"
                    else ("fenced", self.epoch, method, *args))
         with self._lock:
-            if self._control is None or self._control.closed:
-                self._control = channel.Channel(self.address, self._key)
+            try:
+                if self._control is None or self._control.closed:
+                    self._control = channel.Channel(self.address, self._key)
+            except (OSError, AuthenticationError) as exc:
+                # gone, or its key refused (a replacement not fenced yet): as a dead
+                # actor's call fails, so the vector env reports it and gets a replacement
+                return channel.failed_call(channel.ChannelClosedError(
+                    f"actor at {self.address} (slot {self.slot}) unreachable: {exc}"))
             return self._control.call(message)
 
     def close(self) -> None:
@@ -256,6 +263,9 @@ class HttpLease:
         self.trainer = trainer
         self.ttl_s = ttl_s
         self.lost = False
+        #: slot -> its actor now (replacements included): their control channels close
+        #: with the lease
+        self.actors: dict[int, TcpActor] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease-{self.lease_id[:8]}",
                                         daemon=True)
@@ -287,6 +297,8 @@ class HttpLease:
         if self._stop.is_set():
             return
         self._stop.set()
+        for actor in self.actors.values():
+            actor.close()
         try:
             self._api.post("release", {"lease_id": self.lease_id}, 10.0)
         except (LeaseApiError, OSError) as exc:  # it expires on its own anyway
@@ -315,7 +327,9 @@ class HttpReplacer:
                     "reason": reason, "wait_s": wait_s}
             try:
                 answer = self._api.post("replace", body, wait_s + HTTP_SLACK_S)
-                return TcpActor(answer["actor"], self._lease.epoch)
+                actor = TcpActor(answer["actor"], self._lease.epoch)
+                self._lease.actors[actor.slot] = actor
+                return actor
             except LeaseApiError as exc:
                 if exc.status == 410:
                     raise errors.LeaseLostError(str(exc)) from None
@@ -392,6 +406,7 @@ def lease_pool(
     try:
         options = attach_options.pool_options(name, answer["spec"], kwargs)
         handles = [TcpActor(a, lease.epoch) for a in answer["actors"]]
+        lease.actors.update((h.slot, h) for h in handles)
         first_env = {h.slot: int(a["env_ids"][0]) for h, a in zip(handles, answer["actors"],
                                                                   strict=True)}
         return HttpGrant(handles, lease, HttpReplacer(api, lease, first_env, replace_timeout_s),

@@ -28,8 +28,10 @@ an in-process lease actor); :func:`make_app` is its aiohttp face and
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import hmac
+import json
 import logging
 import os
 import threading
@@ -59,6 +61,8 @@ DEFAULT_TTL_S: Final = 60.0
 #: how often a waiting lease request asks again (as the Ray trainer's loop does)
 _RETRY_S: Final = 0.2
 _MAX_BODY: Final = 1 << 20
+#: requests served at once (each blocks a thread while the lease actor answers)
+_THREADS: Final = 64
 
 
 class ApiError(Exception):
@@ -326,8 +330,6 @@ def make_app(service: LeaseService, token: bytes) -> Any:
     def route(method: Callable[[Mapping[str, Any]], dict[str, Any]]) -> Any:
         async def handle(request: Any) -> Any:
             raw = await request.read()
-            import json
-
             try:
                 body = json.loads(raw or b"{}")
             except ValueError as exc:
@@ -388,6 +390,10 @@ class LeaseApiServer:
             loop = asyncio.new_event_loop()
             self._loop = loop
             asyncio.set_event_loop(loop)
+            # requests block a thread each on the lease actor (a replace waits up to its
+            # wait_s): more than asyncio's default few, so waits do not queue up leases
+            loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
+                max_workers=_THREADS, thread_name_prefix="envpool-lease-api"))
             try:
                 runner = web.AppRunner(self._app, access_log=None)
                 loop.run_until_complete(runner.setup())

@@ -42,7 +42,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing import AuthenticationError
-from typing import Any
+from typing import Any, cast
 
 from remote_env import errors, interrupts
 from remote_env.wire import protocol
@@ -364,6 +364,14 @@ class ChannelCall:
             except Exception as exc:
                 self.error = ResultDecodeError(
                     f"the actor's reply could not be read here: {type(exc).__name__}: {exc}")
+
+
+def failed_call(error: BaseException) -> ChannelCall:
+    """A call that failed before it was sent (its actor unreachable): waited on and read
+    like one whose actor died on it, so callers handle both the same way."""
+    call = ChannelCall(cast(Channel, None))  # done already: its channel is never read
+    call.fail(error)
+    return call
 
 
 class Channel:

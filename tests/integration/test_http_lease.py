@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from collections.abc import Iterator
 from multiprocessing import AuthenticationError
 from pathlib import Path
@@ -24,6 +25,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 from ray_checks import wait_for
 
 from remote_env import RemoteVectorEnv, spec
@@ -146,6 +148,13 @@ def test_bad_input_is_refused_clearly_and_disturbs_no_one(pool: PoolServer) -> N
         assert time.monotonic() - start < 5
         assert exc.value.status == 409 and exc.value.retryable
         assert (exc.value.free_envs, exc.value.asked_envs) == (8, 12)
+        # the pool server exports the attach latency by outcome
+        with urllib.request.urlopen(pool.url + "/metrics", timeout=10) as resp:
+            samples = {(s.name, s.labels.get("outcome")): s.value
+                       for fam in text_string_to_metric_families(resp.read().decode())
+                       for s in fam.samples if s.name.startswith("envpool_lease_attach")}
+        assert samples[("envpool_lease_attach_seconds_count", "exhausted")] >= 1
+        assert samples[("envpool_lease_attach_seconds_count", "granted")] >= 2
         # a malformed body, a client of another wire protocol version
         api = LeaseApi(pool.lease_url, TOKEN)
         with pytest.raises(LeaseApiError, match="field 'num_envs'") as exc:

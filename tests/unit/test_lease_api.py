@@ -6,6 +6,7 @@ the actors' channels take (real sockets)."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import urllib.request
@@ -294,3 +295,22 @@ def test_lease_key_connections_make_their_own_leases_fenced_calls_only() -> None
     finally:
         endpoint.close()
         core.close()
+
+
+def test_an_unreachable_leased_actor_fails_its_call_as_a_dead_one() -> None:
+    """A Ray-free trainer's call to an actor it cannot reach fails like a dead actor's
+    (ChannelClosedError when read), so the vector env reports it and gets a replacement."""
+    from remote_env.driver.http_lease import NoRay, TcpActor
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    actor = TcpActor({"slot": 2, "actor_id": "a", "address": f"tcp://127.0.0.1:{port}",
+                      "key": "00" * 32, "num_envs": 1}, epoch=5)
+    ref = actor.describe.remote()
+    ready, _ = channel.wait([ref], 1, 1.0, NoRay())
+    assert ready == [ref]
+    with pytest.raises(channel.ChannelClosedError, match="slot 2"):
+        NoRay().get(ref)
+    assert NoRay().get(actor.open_channel.remote("n", True)) == (
+        f"tcp://127.0.0.1:{port}", bytes(32))

@@ -174,8 +174,9 @@ def _ray_cluster_spec(
     render = render or Render.current(settings)
     settings = render.settings(settings)
     env_units = pool.ray.worker.envs_per_worker
-    head = pod_templates.head_template(pool, settings)
-    worker = pod_templates.worker_template(pool, settings)
+    lease_api = render.generation >= LEASE_API_GENERATION
+    head = pod_templates.head_template(pool, settings, lease_api=lease_api)
+    worker = pod_templates.worker_template(pool, settings, lease_api=lease_api)
     if spec_hash is not None:
         # In the pod templates, so that KubeRay's Recreate certainly sees a change
         # that needs new pods (image, Ray version, resources, scheduling).

@@ -247,38 +247,47 @@ def apply(obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
     return dict(out or {})
 
 
-def create_once(obj: Mapping[str, Any]) -> bool:
-    """Create ``obj`` unless it exists; True if this call created it.
+def create_absent(obj: Mapping[str, Any], *, dry_run: bool = False) -> bool:
+    """Create ``obj`` unless one of its name exists; whether this call created it.
 
-    For what the operator may write but must never read back (a Secret: it has the
-    ``create`` verb on Secrets and no other): 409 AlreadyExists is success, the object
-    stays as it is.
+    For what must be written once and never read back (the lease token Secret: the
+    operator may create Secrets, not get them): an existing object is left as it is.
     """
     meta = obj["metadata"]
-    path = _path(obj["apiVersion"], obj["kind"], meta["namespace"])
+    what = f"creating {obj['kind']} {meta['namespace']}/{meta['name']}"
+    query = [("fieldManager", FIELD_MANAGER)] + ([("dryRun", "All")] if dry_run else [])
     try:
-        _request("POST", path, body=dict(obj), query=[("fieldManager", FIELD_MANAGER)])
+        _request("POST", _path(obj["apiVersion"], obj["kind"], meta["namespace"]),
+                 body=dict(obj), content_type="application/json", query=query)
     except k8s_exceptions.ApiException as exc:
-        if exc.status == 409:
+        if exc.status == 409 and _status_body(exc).get("reason") == "AlreadyExists":
             return False
-        raise problem_from_api_error(
-            exc, f"creating {obj['kind']} {meta['namespace']}/{meta['name']}") from exc
+        raise problem_from_api_error(exc, what) from exc
     return True
 
 
-def apply_all(objs: Sequence[Mapping[str, Any]], *, dry_run: bool = False) -> list[dict[str, Any]]:
+def apply_all(objs: Sequence[Mapping[str, Any]], *, dry_run: bool = False,
+              create: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """:func:`apply` every object of ``objs`` at once; the objects as stored, in order.
 
     For objects that do not depend on each other: one round trip instead of one per
     object, which is most of a reconcile's time when the API server is slow to answer.
+    ``create``: objects to :func:`create_absent` in the same round trip (not returned).
     Every write is waited for (none is left running), then the first refusal in
-    ``objs`` order is raised.
+    ``objs`` order (then ``create`` order) is raised.
     """
-    if len(objs) <= 1:
+    if len(objs) + len(create) <= 1:
+        for obj in create:
+            create_absent(obj, dry_run=dry_run)
         return [apply(obj, dry_run=dry_run) for obj in objs]
     futures = [_writer_pool().submit(apply, obj, dry_run=dry_run) for obj in objs]
-    concurrent.futures.wait(futures)
-    return [f.result() for f in futures]
+    created = [_writer_pool().submit(create_absent, obj, dry_run=dry_run) for obj in create]
+    pending: list[concurrent.futures.Future[Any]] = [*futures, *created]
+    concurrent.futures.wait(pending)
+    out = [f.result() for f in futures]
+    for f in created:
+        f.result()
+    return out
 
 
 def get(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:

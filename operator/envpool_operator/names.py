@@ -36,6 +36,28 @@ RAY_DASHBOARD_PORT: Final = 8265
 #: Pods with this label (value: the pool's name) in the pool's namespace may reach
 #: the pool's Ray pods through its NetworkPolicy: put it on your trainer pods.
 TRAINER_LABEL: Final = "envpool.dev/trainer"
+#: Pods with this label (value: the pool's name) in the pool's namespace may reach the
+#: pool's lease API on the head and its env actors' data ports on the workers, and no
+#: other port of the Ray pods: for trainers without Ray (``RemoteVectorEnv.from_pool``
+#: with a URL). :data:`TRAINER_LABEL` admits every port (Ray client trainers).
+LEASE_TRAINER_LABEL: Final = "envpool.dev/trainer-of"
+#: The pool server's HTTP lease API (lease, heartbeat, release, replace), on the head.
+LEASE_API_PORT: Final = 8267
+LEASE_API_PORT_NAME: Final = "lease-api"
+#: Key of the lease API's bearer token in Secret :func:`lease_token_secret_name`.
+LEASE_TOKEN_KEY: Final = "token"
+#: Where the pool-server sidecar finds that token, and the env var that names the file.
+#: Not under :data:`CONFIG_DIR`: a mount point inside the read-only ConfigMap volume
+#: cannot be created.
+LEASE_TOKEN_DIR: Final = "/etc/envpool-lease-token"
+LEASE_TOKEN_ENV: Final = "ENVPOOL_LEASE_TOKEN_FILE"
+#: TCP ports the env actors on a worker pod serve their data channel on (inclusive),
+#: told to them through :data:`DATA_PORTS_ENV`: a fixed range, so the NetworkPolicy can
+#: admit trainers to it and to nothing else of the worker. Above Ray's worker ports
+#: (10002-19999) and below the ephemeral range (32768-60999), as many as envsPerWorker
+#: allows actors on one pod.
+DATA_PORTS: Final = (20000, 29999)
+DATA_PORTS_ENV: Final = "ENVPOOL_DATA_PORTS"
 #: Key of the token in the Secret KubeRay generates for ``authOptions.mode: token``.
 RAY_TOKEN_KEY: Final = "auth_token"
 SERVICE_ACCOUNT_TOKEN_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -61,6 +83,11 @@ def network_policy_name(name: str) -> str:
 def ray_token_secret_name(name: str) -> str:
     """The Secret KubeRay generates for a RayCluster with ``authOptions.mode: token``."""
     return ray_cluster_name(name)
+
+
+def lease_token_secret_name(name: str) -> str:
+    """The Secret (key :data:`LEASE_TOKEN_KEY`) with the pool's lease API token."""
+    return f"{name}-lease-token"
 
 
 def head_service_name(name: str) -> str:

@@ -85,8 +85,12 @@ def _image(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> str:
     return pool.ray.image or settings.image
 
 
-def head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> dict[str, Any]:
-    """The head pod: ``ray-head`` (GCS, dashboard, client) and the pool-server sidecar."""
+def head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings, *,
+                  lease_api: bool = True) -> dict[str, Any]:
+    """The head pod: ``ray-head`` (GCS, dashboard, client) and the pool-server sidecar.
+
+    ``lease_api``: the lease API's port and token (render generation 2; an older
+    pool's head is rendered without them, see ``builders.render_for``)."""
     image = _image(pool, settings)
     port = pool.metrics_port
     pod_labels = {**names.labels(pool.name), "app.kubernetes.io/component": "head",
@@ -99,6 +103,12 @@ def head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> d
             {"name": "gcs-server", "containerPort": names.RAY_GCS_PORT},
             {"name": "dashboard", "containerPort": names.RAY_DASHBOARD_PORT},
             {"name": "client", "containerPort": names.RAY_CLIENT_PORT},
+            # The pool-server sidecar listens on it (one network namespace). Declared
+            # here because KubeRay builds the head Service from containers[0]'s ports
+            # (and a second declaration in the sidecar would be a duplicate port):
+            # trainers reach http://<pool>-head-svc:8267.
+            *([{"name": names.LEASE_API_PORT_NAME, "containerPort": names.LEASE_API_PORT,
+                "protocol": "TCP"}] if lease_api else []),
         ],
         "resources": _resources(pool.ray.head.resources, DEFAULT_HEAD_RESOURCES),
         **_env_from(pool),
@@ -126,6 +136,9 @@ def head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> d
             # The sidecar shares the pod network with the head's GCS.
             {"name": "RAY_ADDRESS", "value": f"127.0.0.1:{names.RAY_GCS_PORT}"},
             {"name": "HOME", "value": "/tmp"},
+            # the lease API's bearer token (Secret <pool>-lease-token, made by the operator)
+            *([{"name": names.LEASE_TOKEN_ENV,
+                "value": f"{names.LEASE_TOKEN_DIR}/{names.LEASE_TOKEN_KEY}"}] if lease_api else []),
             *_token_env(pool),
         ],
         "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
@@ -139,6 +152,8 @@ def head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> d
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "pool-config", "mountPath": names.CONFIG_DIR, "readOnly": True},
+            *([{"name": "lease-token", "mountPath": names.LEASE_TOKEN_DIR, "readOnly": True}]
+              if lease_api else []),
             # The only container with an API token: the Ray head runs user code.
             {"name": "kube-api-token", "mountPath": names.SERVICE_ACCOUNT_TOKEN_DIR,
              "readOnly": True},
@@ -157,7 +172,8 @@ def head_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> d
         "securityContext": _pod_security(),
         # KubeRay treats containers[0] as the Ray container.
         "containers": [ray_head, pool_server],
-        "volumes": [*_volumes(config=names.config_map_name(pool.name)), _api_token_volume()],
+        "volumes": [*_volumes(config=names.config_map_name(pool.name)), _api_token_volume(),
+                    *([_lease_token_volume(pool)] if lease_api else [])],
     }
     _place(pod_spec, pool.ray.head.node_selector, pool.ray.head.tolerations)
     return {
@@ -192,6 +208,21 @@ def _token_env(pool: spec_mod.PoolSpec) -> list[dict[str, Any]]:
     ]
 
 
+def _lease_token_volume(pool: spec_mod.PoolSpec) -> dict[str, Any]:
+    """The lease API token, for the pool-server sidecar only (the kubelet reads the
+    Secret; the Ray containers, which run user code, do not mount it). Not optional:
+    a pool server without it could not authenticate a trainer."""
+    return {
+        "name": "lease-token",
+        "secret": {
+            "secretName": names.lease_token_secret_name(pool.name),
+            "items": [{"key": names.LEASE_TOKEN_KEY, "path": names.LEASE_TOKEN_KEY}],
+            # owner root, group fsGroup (100): the sidecar's user reads it, no one writes
+            "defaultMode": 0o440,
+        },
+    }
+
+
 def _api_token_volume() -> dict[str, Any]:
     """What automounting would give, as a volume only the pool-server sidecar mounts."""
     return {
@@ -216,9 +247,13 @@ def _place(pod_spec: dict[str, Any], node_selector: Any, tolerations: Any) -> No
         pod_spec["tolerations"] = [dict(t) for t in tolerations]
 
 
-def worker_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) -> dict[str, Any]:
-    """A worker pod: one ``ray-worker`` container that hosts env actors."""
+def worker_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings, *,
+                    lease_api: bool = True) -> dict[str, Any]:
+    """A worker pod: one ``ray-worker`` container that hosts env actors (``lease_api``:
+    the data port range trainers without Ray reach, render generation 2)."""
     worker = pool.ray.worker
+    data_ports = [{"name": names.DATA_PORTS_ENV,
+                   "value": f"{names.DATA_PORTS[0]}-{names.DATA_PORTS[1]}"}]
     pod_spec: dict[str, Any] = {
         # Service env vars (<SVC>_PORT=tcp://...) would shadow ENVPOOL_*/RAY_* settings
         # whenever a Service in the namespace has a matching name.
@@ -230,6 +265,9 @@ def worker_template(pool: spec_mod.PoolSpec, settings: settings_mod.Settings) ->
             "image": _image(pool, settings),
             "imagePullPolicy": settings.image_pull_policy,
             "resources": _resources(worker.resources, DEFAULT_WORKER_RESOURCES),
+            # The env actors serve trainers' TCP data channels on ports of this range
+            # (inherited from the raylet): the one the NetworkPolicy opens to trainers.
+            **({"env": data_ports} if lease_api else {}),
             **_env_from(pool),
             "securityContext": _container_security(read_only_root=False),
             "volumeMounts": [dict(m) for m in _RAY_MOUNTS],

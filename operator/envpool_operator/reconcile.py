@@ -22,7 +22,7 @@ from typing import Any, Final, cast
 
 import kopf
 
-from envpool_operator import builders, gcs_store, kube, names
+from envpool_operator import access, builders, gcs_store, kube, names
 from envpool_operator import runtime as runtime_mod
 from envpool_operator import settings as settings_mod
 from envpool_operator import status as status_mod
@@ -190,6 +190,13 @@ def _apply_children(
             children += gcs_store.build_redis_children(pool, runtime.settings)
         owner = kopf.Body(cast(Any, copy.deepcopy(dict(body))))
         kopf.adopt(children, owner=owner)
+        # The lease API's token (render generation 2: only its head mounts it). Created
+        # once, never applied: a token made here is used only if the Secret is new (an
+        # existing one, the operator's or an admin's, is kept unread).
+        once: list[dict[str, Any]] = []
+        if render.generation >= builders.LEASE_API_GENERATION:
+            once.append(access.build_lease_token_secret(pool, secrets.token_urlsafe(32)))
+            kopf.adopt(once, owner=owner)
         if existing is None:
             # First creation: let the API server judge every child (quota,
             # RBAC, schema) before any is written, so a refusal leaves nothing
@@ -198,16 +205,16 @@ def _apply_children(
             # the API server checks it against that Role and answers 404. It is
             # applied after the Role.
             kube.apply_all([c for c in children if c.get("kind") != "RoleBinding"],
-                           dry_run=True)
+                           dry_run=True, create=once)
         # Before the Redis that reads it (after the dry run: nothing made if refused).
         if ft_render:
             _create_redis_password(pool, owner)
         # Two waves of writes at once (a slow API server costs two round trips, not
-        # six): the RoleBinding needs its Role, and the pods the ServiceAccount and the
-        # ConfigMap; the rest needs nothing of each other.
+        # seven): the RoleBinding needs its Role, and the pods the ServiceAccount, the
+        # ConfigMap and the token Secret; the rest needs nothing of each other.
         first = [c for c in children if c.get("kind") not in _SECOND_WAVE]
         second = [c for c in children if c.get("kind") in _SECOND_WAVE]
-        kube.apply_all(first)
+        kube.apply_all(first, create=once)
         stored = kube.apply_all(second)
     except kube.ApiProblem as exc:
         raise _Stop(exc.problem, exc.delay) from None
@@ -222,7 +229,7 @@ def _create_redis_password(pool: spec_mod.PoolSpec, owner: kopf.Body) -> None:
         return
     secret = gcs_store.build_password_secret(pool, secrets.token_urlsafe(32))
     kopf.adopt(secret, owner=owner)
-    kube.create_once(secret)
+    kube.create_absent(secret)
 
 
 #: Children written after the others: they refer to them (RoleBinding -> Role; the

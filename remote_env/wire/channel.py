@@ -48,6 +48,10 @@ from remote_env import errors, interrupts
 from remote_env.wire import protocol
 
 AUTH_TIMEOUT_S = 5.0
+#: ``<low>-<high>``: the TCP ports :meth:`ChannelServer.listen_tcp` may take (unset: any
+#: free port). The operator sets it on worker pods so that a NetworkPolicy can admit
+#: trainers to the actors' data channels and to nothing else there.
+DATA_PORTS_ENV = "ENVPOOL_DATA_PORTS"
 #: connections authenticating at once, per server; more are closed at accept
 MAX_HANDSHAKES = 32
 __all__ = ["AuthenticationError", "ChannelClosedError", "RemoteCallError", "ResultDecodeError"]
@@ -107,6 +111,45 @@ class ResultDecodeError(Exception):
 # --------------------------------------------------------------- actor side
 
 
+def parse_port_range(text: str) -> tuple[int, int]:
+    """``"20000-29999"`` -> ``(20000, 29999)``; a clear error for anything else.
+
+        >>> parse_port_range("20000-20009")
+        (20000, 20009)
+    """
+    low_s, sep, high_s = text.strip().partition("-")
+    try:
+        low, high = int(low_s), int(high_s)
+    except ValueError:
+        low = high = -1
+    if not sep or not 1 <= low <= high <= 65535:
+        raise ValueError(f"{DATA_PORTS_ENV} must be '<low>-<high>' with 1 <= low <= high "
+                         f"<= 65535, got {text!r}")
+    return low, high
+
+
+def _bind_in_range(sock: socket.socket, host: str, ports: str) -> None:
+    """Bind ``sock`` to a free port of ``ports`` (``low-high``; empty: any free port).
+
+    Starts at a random port of the range, so the actors of one pod starting together
+    do not all try the same ports first.
+    """
+    if not ports:
+        sock.bind((host, 0))
+        return
+    low, high = parse_port_range(ports)
+    size = high - low + 1
+    start = secrets.randbelow(size)
+    for i in range(size):
+        try:
+            sock.bind((host, low + (start + i) % size))
+            return
+        except OSError:  # taken (another actor of this pod): the next one
+            continue
+    raise OSError(f"no free TCP port in {DATA_PORTS_ENV}={ports} on {host}: every one is "
+                  f"taken (more actors on this pod than ports in the range?)")
+
+
 class ChannelServer:
     """Serves ``handler(message)`` to the drivers that connect (one thread each).
 
@@ -150,7 +193,7 @@ class ChannelServer:
         if self.tcp_address is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, 0))
+            _bind_in_range(sock, host, os.environ.get(DATA_PORTS_ENV, ""))
             port = sock.getsockname()[1]
             self._listen(sock)
             self.tcp_address = f"tcp://{advertise or host}:{port}"

@@ -12,6 +12,9 @@
 #                 (--build-arg RAY_IMAGE=<base>), with --layers, so a source change
 #                 rebuilds only the top layer. Keyed by the Dockerfile, pyproject.toml
 #                 and the source trees.
+#   4. trainer    a learner's image WITHOUT Ray: Debian python3, gymnasium, numpy and
+#                 this package installed --no-deps (the lease API + TCP trainer path);
+#                 the build fails if `import ray` works in it.
 #   4. redis      the Redis the operator runs for each pool with GCS fault tolerance
 #                 (spec.headFaultTolerance): Debian $DEBIAN_SUITE (debootstrap minbase)
 #                 with Debian's redis-server package, nothing else; redis-server on the
@@ -22,9 +25,9 @@
 # carries its key; a tar that exists is never rebuilt. node.sh imports them into
 # the node's containerd. Prints progress to stderr and, on stdout, the lines
 #   PAUSE_IMAGE=...  BASE_IMAGE=...  ENVPOOL_IMAGE=...  ENVPOOL_IMAGE_TAR=...
-#   REDIS_IMAGE=...  REDIS_IMAGE_TAR=...
+#   TRAINER_IMAGE=...  TRAINER_IMAGE_TAR=...  REDIS_IMAGE=...  REDIS_IMAGE_TAR=...
 #
-#   tests/cluster/image.sh            # all four (cached parts skipped)
+#   tests/cluster/image.sh            # all five (cached parts skipped)
 #   tests/cluster/image.sh redis      # the Redis image only (REDIS_IMAGE* lines)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -128,6 +131,74 @@ if [ ! -s "$ENVPOOL_IMAGE_TAR" ]; then
   log "envpool image: built in $(( $(date +%s) - e0 ))s ($(du -m "$ENVPOOL_IMAGE_TAR" | cut -f1) MiB)"
 fi
 
+# ---- 4. trainer (no Ray) ------------------------------------------------------
+# A learner's image as users bring them: Debian's python3 and a venv with what a
+# trainer stepping over the lease API and TCP needs, this package installed with
+# --no-deps, and NO Ray. Two images: the base (debootstrap + PyPI deps, keyed by this
+# recipe) and the top (the package from the committed tree, keyed by its source).
+# Checked at build time: `import ray` must fail in it, `import remote_env` must not.
+# the 'client' extra of pyproject.toml (tests/unit/test_data_ports.py checks they agree)
+TRAINER_PIP_DEPS="'gymnasium>=1.2,<2' 'numpy>=1.26' 'prometheus-client>=0.20' 'cloudpickle>=2' 'pyyaml>=6'"
+trainer_base_key=$( { sed -n '/^# ---- 4. trainer/,/^trainer_key=/p' "$0" | grep -v '^trainer_key='; echo "$DEBIAN_SUITE"; } | key_of)
+TRAINER_BASE="localhost/envpool-trainer-base:$trainer_base_key"
+trainer_base_done="$IMG/trainer-base-$trainer_base_key.done"
+if [ ! -f "$trainer_base_done" ]; then
+  b0=$(date +%s)
+  log "trainer base: building $TRAINER_BASE (debootstrap $DEBIAN_SUITE + $TRAINER_PIP_DEPS; no Ray)"
+  c=$("${BUILDAH[@]}" from scratch)
+  trap '"${BUILDAH[@]}" rm "$c" >/dev/null 2>&1 || true' EXIT
+  m=$("${BUILDAH[@]}" mount "$c")
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+    "$DEBIAN_SUITE" "$m" "$DEBIAN_MIRROR" >"$IMG/debootstrap-trainer.log" 2>&1 \
+    || { tail -n 30 "$IMG/debootstrap-trainer.log" >&2; die "debootstrap (trainer) failed"; }
+  cp /etc/resolv.conf "$m/etc/resolv.conf"
+  mkdir -p "$m/tmp/hostca" && cp "$HOST_CA" "$m/tmp/hostca/ca.crt"
+  env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 chroot "$m" /bin/sh -euc "
+    useradd --uid 1000 --gid 100 --create-home --home-dir /home/trainer --shell /bin/sh trainer
+    python3 -m venv /opt/venv
+    PIP_CERT=/tmp/hostca/ca.crt /opt/venv/bin/pip install -q --no-cache-dir --disable-pip-version-check $TRAINER_PIP_DEPS
+    apt-get clean; rm -rf /var/lib/apt/lists/* /var/cache/apt/* /tmp/hostca
+    : > /etc/resolv.conf
+  " >&2
+  "${BUILDAH[@]}" umount "$c" >/dev/null
+  "${BUILDAH[@]}" config --user 1000:100 --workingdir /home/trainer \
+    --env PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env HOME=/home/trainer --env LANG=C.UTF-8 --env PYTHONUNBUFFERED=1 --cmd '["/bin/sh"]' "$c"
+  "${BUILDAH[@]}" commit -q "$c" "$TRAINER_BASE" >/dev/null
+  "${BUILDAH[@]}" rm "$c" >/dev/null; trap - EXIT
+  touch "$trainer_base_done"
+  log "trainer base: built in $(( $(date +%s) - b0 ))s"
+fi
+trainer_key=$( (cd "$REPO" && git ls-files -z pyproject.toml README.md remote_env operator \
+  | xargs -0 sha256sum; echo "$TRAINER_BASE") | key_of)
+TRAINER_IMAGE="localhost/envpool-trainer:dev-$trainer_key"
+TRAINER_IMAGE_TAR="$IMG/trainer-$trainer_key.tar"  # not envpool-*: section 3 prunes those
+if [ ! -s "$TRAINER_IMAGE_TAR" ]; then
+  t0=$(date +%s)
+  log "trainer image: this package --no-deps on $TRAINER_BASE -> $TRAINER_IMAGE"
+  ctx=$(mktemp -d)
+  (cd "$REPO" && git ls-files -z pyproject.toml README.md remote_env operator \
+    | xargs -0 -I{} cp --parents {} "$ctx/")
+  c=$("${BUILDAH[@]}" from "$TRAINER_BASE")
+  trap '"${BUILDAH[@]}" rm "$c" >/dev/null 2>&1 || true; rm -rf "$ctx"' EXIT
+  # root for the install (the venv is root's), then back to the trainer's user
+  "${BUILDAH[@]}" copy "$c" "$ctx" /tmp/src >/dev/null
+  "${BUILDAH[@]}" run --isolation chroot --network host --user 0:0 \
+    -v "$HOST_CA:/etc/ssl/certs/ca-certificates.crt:ro" "$c" -- sh -euc '
+      PIP_CERT=/etc/ssl/certs/ca-certificates.crt pip install -q --no-cache-dir --disable-pip-version-check --no-deps /tmp/src
+      rm -rf /tmp/src' >&2
+  "${BUILDAH[@]}" run --isolation chroot "$c" -- python -c 'import remote_env, gymnasium, numpy' >&2 \
+    || die "trainer image: remote_env does not import"
+  if "${BUILDAH[@]}" run --isolation chroot "$c" -- python -c 'import ray' >/dev/null 2>&1; then
+    die "trainer image: import ray succeeded; it must have no Ray"
+  fi
+  "${BUILDAH[@]}" commit -q "$c" "$TRAINER_IMAGE" >/dev/null
+  "${BUILDAH[@]}" rm "$c" >/dev/null; trap - EXIT; rm -rf "$ctx"
+  "${BUILDAH[@]}" push -q "$TRAINER_IMAGE" "docker-archive:$TRAINER_IMAGE_TAR.tmp:$TRAINER_IMAGE"
+  mv "$TRAINER_IMAGE_TAR.tmp" "$TRAINER_IMAGE_TAR"
+  ls -1t "$IMG"/trainer-*.tar 2>/dev/null | tail -n +4 | xargs -r rm -f
+  log "trainer image: built in $(( $(date +%s) - t0 ))s ($(du -m "$TRAINER_IMAGE_TAR" | cut -f1) MiB)"
+fi
 fi  # ONLY=all
 
 # ---- 4. redis ----------------------------------------------------------------
@@ -167,6 +238,8 @@ if [ "$ONLY" = all ]; then
   echo "BASE_IMAGE=$BASE_IMAGE"
   echo "ENVPOOL_IMAGE=$ENVPOOL_IMAGE"
   echo "ENVPOOL_IMAGE_TAR=$ENVPOOL_IMAGE_TAR"
+  echo "TRAINER_IMAGE=$TRAINER_IMAGE"
+  echo "TRAINER_IMAGE_TAR=$TRAINER_IMAGE_TAR"
 fi
 echo "REDIS_IMAGE=$REDIS_IMAGE"
 echo "REDIS_IMAGE_TAR=$REDIS_IMAGE_TAR"

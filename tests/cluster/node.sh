@@ -233,7 +233,7 @@ cmd_images() { # build what changed (image.sh) and import it; images.env names t
   local images want tar have keep
   log "images (buildah; cached by content)"
   images=$(bash "$HERE/image.sh") || die "image.sh failed"
-  for tarvar in PAUSE_IMAGE_TAR ENVPOOL_IMAGE_TAR REDIS_IMAGE_TAR; do
+  for tarvar in PAUSE_IMAGE_TAR ENVPOOL_IMAGE_TAR TRAINER_IMAGE_TAR REDIS_IMAGE_TAR; do
     tar=$(echo "$images" | sed -n "s/^$tarvar=//p")
     want=$(echo "$images" | sed -n "s/^${tarvar%_TAR}=//p")
     have=$("${CTR[@]}" images ls -q 2>/dev/null | grep -Fx "$want" || true)
@@ -246,6 +246,10 @@ cmd_images() { # build what changed (image.sh) and import it; images.env names t
   # a test session that started on the previous one still finds it)
   keep=$(ls -1 "$CACHE"/images/envpool-*.tar 2>/dev/null | sed 's#.*/envpool-\(.*\)\.tar#localhost/envpool:dev-\1#')
   for old in $("${CTR[@]}" images ls -q 2>/dev/null | grep '^localhost/envpool:dev-' | grep -Fxv "$keep" || true); do
+    "${CTR[@]}" images rm "$old" >/dev/null 2>&1 || true
+  done
+  keep=$(ls -1 "$CACHE"/images/trainer-*.tar 2>/dev/null | sed 's#.*/trainer-\(.*\)\.tar#localhost/envpool-trainer:dev-\1#')
+  for old in $("${CTR[@]}" images ls -q 2>/dev/null | grep '^localhost/envpool-trainer:dev-' | grep -Fxv "$keep" || true); do
     "${CTR[@]}" images rm "$old" >/dev/null 2>&1 || true
   done
   # the sandbox image must never be pulled or garbage-collected

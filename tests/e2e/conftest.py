@@ -338,7 +338,8 @@ def real_node(kube_cluster: KubeCluster) -> RealNode:
     if "ENVPOOL_IMAGE" not in images:
         pytest.fail(f"no project image recorded in {kube_cluster.state_dir / 'node' / 'images.env'}", pytrace=False)
     return RealNode(name=name, image=images["ENVPOOL_IMAGE"], state_dir=kube_cluster.state_dir,
-                    redis_image=images.get("REDIS_IMAGE", ""))
+                    redis_image=images.get("REDIS_IMAGE", ""),
+                    trainer_image=images.get("TRAINER_IMAGE", ""))
 
 
 def _ns_name(node: pytest.Item) -> str:

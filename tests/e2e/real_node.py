@@ -41,6 +41,8 @@ class RealNode:
     #: Redis the operator runs for a pool with GCS fault tolerance (the chart's
     #: redis.image). "": node.sh imported none (an older cluster state).
     redis_image: str = ""
+    #: a learner's image without Ray (localhost/envpool-trainer:dev-<source hash>)
+    trainer_image: str = ""
 
     def pod(
         self,

@@ -279,9 +279,10 @@ def test_rbac_is_least_privilege(helm: str) -> None:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
         assert not {"pods", "namespaces", "nodes", "clusterroles",
                     "clusterrolebindings"} & set(rule["resources"]), rule
-        if "secrets" in rule["resources"]:
-            # the pools' Redis passwords: made, never read back (no get/list/watch/patch)
-            assert rule["resources"] == ["secrets"] and rule["verbs"] == ["create"], rule
+        # Secrets: create only (the pools' Redis passwords and lease tokens): made, never
+        # read back, listed, watched or patched
+        assert "secrets" not in rule["resources"] or (
+            rule["resources"] == ["secrets"] and rule["verbs"] == ["create"]), rule
         assert not {"delete", "deletecollection", "escalate", "bind", "impersonate",
                     "update"} & set(rule["verbs"]), rule
     grants = {(g, r): set(rule["verbs"]) for rule in _rules(cr)
@@ -297,10 +298,10 @@ def test_rbac_is_least_privilege(helm: str) -> None:
         ("rbac.authorization.k8s.io", "roles"): {"create", "patch"},
         ("rbac.authorization.k8s.io", "rolebindings"): {"create", "patch"},
         ("networking.k8s.io", "networkpolicies"): {"create", "patch"},
+        ("", "secrets"): {"create"},
         ("", "events"): {"create"},
         ("", "services"): {"create", "patch"},
         ("apps", "deployments"): {"create", "patch"},
-        ("", "secrets"): {"create"},
     }
     (crb,) = by_kind(docs, "ClusterRoleBinding")
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "rel-envpool-operator",
@@ -582,3 +583,26 @@ def test_dockerfile_is_the_one_image() -> None:
     user = f"{values['podSecurityContext']['runAsUser']}:{values['podSecurityContext']['runAsGroup']}"
     assert re.search(rf"^USER {user}$", text, re.M), f"USER {user}"
     assert not re.search(r"^ENTRYPOINT", text, re.M)  # KubeRay and the chart set the commands
+
+
+def test_the_lease_token_secret_is_covered_by_rbac_and_the_policy(helm: str) -> None:
+    """The one Secret the operator writes: RBAC lets it create Secrets (and nothing
+    else on them), the admission policy only its <pool>-lease-token, owned and labelled."""
+    from envpool_operator import access
+    from remote_env import spec
+
+    docs = render(helm)
+    assert isinstance(docs, list)
+    held = {(g, r, v) for rule in _rules(by_kind(docs, "ClusterRole")[0])
+            for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert {v for g, r, v in held if r == "secrets"} == {"create"}
+    (vap,) = by_kind(docs, "ValidatingAdmissionPolicy")
+    covered = {(g, r) for rule in vap["spec"]["matchConstraints"]["resourceRules"]
+               for g in rule["apiGroups"] for r in rule["resources"]}
+    assert ("", "secrets") in covered
+    suffixes = next(v["expression"] for v in vap["spec"]["variables"] if v["name"] == "suffixes")
+    assert "'secrets': ['-redis', '-lease-token']" in suffixes
+    secret = access.build_lease_token_secret(
+        spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4}, name="p", namespace="n"), "t")
+    assert secret["metadata"]["name"] == "p" + "-lease-token"
+    assert secret["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "envpool-operator"

@@ -224,7 +224,7 @@ def test_network_policy_admits_only_the_pool_and_its_trainers() -> None:
     sp = pol["spec"]
     assert sp["podSelector"] == {"matchLabels": {"envpool.dev/pool": "p1"}}
     assert sp["policyTypes"] == ["Ingress"]
-    peers, metrics = sp["ingress"]
+    peers, metrics, lease = sp["ingress"]
     # every port, but only from this pool's pods and pods labelled as its trainers
     # (pod selectors without a namespace selector: this namespace only)
     assert "ports" not in peers
@@ -233,6 +233,64 @@ def test_network_policy_admits_only_the_pool_and_its_trainers() -> None:
     # from anywhere: only the pool server's metrics port (Prometheus)
     assert metrics["ports"] == [{"protocol": "TCP", "port": 9100}]
     assert names.TRAINER_LABEL == "envpool.dev/trainer"
+    # trainers without Ray (issue 30): the lease API and the actors' data ports, no Ray port
+    assert lease["from"] == [{"podSelector": {"matchLabels": {"envpool.dev/trainer-of": "p1"}}}]
+    assert lease["ports"] == [{"protocol": "TCP", "port": 8267},
+                              {"protocol": "TCP", "port": 20000, "endPort": 29999}]
+    ray_ports = {6379, 8265, 10001, 8080, 52365, *range(10002, 20000)}
+    assert not any(p["port"] <= r <= p.get("endPort", p["port"])
+                   for p in lease["ports"] for r in ray_ports)
+
+
+def test_lease_api_reaches_the_sidecar_and_the_head_service() -> None:
+    rc = builders.build_ray_cluster(_pool(name="p1"), SETTINGS)
+    containers = _containers(rc)
+    # KubeRay makes the head Service's ports from containers[0]'s: the sidecar listens
+    assert {"name": "lease-api", "containerPort": 8267, "protocol": "TCP"} in containers[
+        "ray-head"]["ports"]
+    ports = [p["containerPort"] for c in containers.values() for p in c.get("ports", [])]
+    assert len(ports) == len(set(ports)), "a port declared twice in the head pod"
+    side = containers["pool-server"]
+    env = {e["name"]: e for e in side["env"]}
+    assert env["ENVPOOL_LEASE_TOKEN_FILE"]["value"] == "/etc/envpool-lease-token/token"
+    assert {"name": "lease-token", "mountPath": "/etc/envpool-lease-token", "readOnly": True} in side[
+        "volumeMounts"]
+    vols = {v["name"]: v for v in _head(rc)["spec"]["volumes"]}
+    assert vols["lease-token"]["secret"]["secretName"] == "p1-lease-token"
+    assert vols["lease-token"]["secret"]["items"] == [{"key": "token", "path": "token"}]
+    assert "optional" not in vols["lease-token"]["secret"]  # no pool server without it
+    # only the sidecar: the Ray containers run user code
+    assert all(m["name"] != "lease-token" for m in containers["ray-head"]["volumeMounts"])
+    worker = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert "lease-token" not in {v["name"] for v in worker["volumes"]}
+
+
+def test_workers_tell_their_actors_the_data_port_range() -> None:
+    from remote_env.wire import channel
+
+    rc = builders.build_ray_cluster(_pool(), SETTINGS)
+    (worker,) = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"]
+    assert {"name": channel.DATA_PORTS_ENV, "value": "20000-29999"} in worker["env"]
+    assert channel.parse_port_range("20000-29999") == names.DATA_PORTS
+    # room for every actor a worker may host (envsPerActor 1)
+    assert names.DATA_PORTS[1] - names.DATA_PORTS[0] + 1 >= spec.fields.FIELDS[
+        "spec.ray.worker.envsPerWorker"].maximum
+    head_env = {e["name"] for c in _containers(rc).values() for e in c.get("env", [])}
+    assert channel.DATA_PORTS_ENV not in head_env  # no actor on the head
+
+
+def test_lease_token_secret() -> None:
+    sec = access.build_lease_token_secret(_pool(name="p1"), "s3cret")
+    assert sec["kind"] == "Secret" and sec["type"] == "Opaque"
+    assert sec["metadata"]["name"] == "p1-lease-token"
+    assert sec["metadata"]["namespace"] == "team-a"
+    assert sec["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "envpool-operator"
+    assert sec["data"] == {"token": "czNjcmV0"}
+    with pytest.raises(ValueError, match="must not be empty"):
+        access.build_lease_token_secret(_pool(), "")
+    # not a child that is applied on every reconcile (that would replace the token)
+    kinds = {c["kind"] for c in builders.build_children(_pool(), SETTINGS)}
+    assert "Secret" not in kinds
 
 
 def _hash(**over: Any) -> str:

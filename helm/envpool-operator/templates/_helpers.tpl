@@ -101,6 +101,12 @@ No reading Secrets, no Pods, no delete, no bind/escalate.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["create", "patch"]
+# Each pool's lease API token (Secret <pool>-lease-token): created once, never read
+# back (no get, list or watch: the operator sees no Secret's data), never updated; the
+# garbage collector deletes it with its EnvPool.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["create", "patch"]

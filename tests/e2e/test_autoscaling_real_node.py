@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 import yaml
+from journey_kit import HEAD_RESOURCES, WORKER_RESOURCES, Journey
+from journey_kit import placed as _placed
 from real_node import RealNode
-from test_user_journey import HEAD_RESOURCES, WORKER_RESOURCES, Journey, _placed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -19,9 +19,16 @@ from typing import Any
 
 import pytest
 import yaml
-from journey_kit import last_json, peak_rss_bytes
+from journey_kit import (
+    HEAD_RESOURCES,
+    STEP_TIMEOUT_S,
+    WORKER_RESOURCES,
+    Journey,
+    last_json,
+    peak_rss_bytes,
+)
+from journey_kit import placed as _placed
 from real_node import RealNode
-from test_user_journey import HEAD_RESOURCES, STEP_TIMEOUT_S, WORKER_RESOURCES, Journey, _placed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

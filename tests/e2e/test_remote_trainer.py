@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from journey_kit import steps_per_s
-from real_node import NODE_SELECTOR, RESTRICTED_CONTAINER, RESTRICTED_POD, TOLERATIONS, RealNode
 
 # the journey's helpers (helm install, Ready, the pool server's /status, Job logs),
 # composed rather than copied
-from test_user_journey import EXAMPLE, Journey, _example
+from journey_kit import EXAMPLE, Journey, steps_per_s
+from journey_kit import example as _example
+from real_node import NODE_SELECTOR, RESTRICTED_CONTAINER, RESTRICTED_POD, TOLERATIONS, RealNode
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -31,9 +31,11 @@ from journey_kit import Journey, example, kill_pool_server, restart_count
 from real_node import RealNode
 from soak_kit import FAULTS, FaultRecord, as_dict, fault_schedule, progress_points, render, timeline
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
 SECONDS = float(os.environ.get("ENVPOOL_SOAK_SECONDS", "300"))
+#: The run's own length, plus set-up (helm install, Ready), the last fault's recovery and
+#: the settling after it: beyond pytest's default 600 s per test in CI.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(int(SECONDS) + 1500)]
+
 SEED = int(os.environ.get("ENVPOOL_SOAK_SEED", "1"))
 POOLS = int(os.environ.get("ENVPOOL_SOAK_POOLS", "1"))
 TRAINERS = int(os.environ.get("ENVPOOL_SOAK_TRAINERS", "2"))  # per pool

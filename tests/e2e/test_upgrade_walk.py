@@ -24,7 +24,8 @@ import pytest
 from journey_kit import REPO, Journey, example
 from real_node import RealNode
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+#: building the older version's image cold (a Dockerfile layer and its import) comes first
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 #: Stop 37's main (its CI passed): the operator users ran before this version.
 UPGRADE_FROM = os.environ.get("ENVPOOL_UPGRADE_FROM", "8685078921e35ad75630f539b341244920ea304b")

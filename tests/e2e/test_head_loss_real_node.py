@@ -30,7 +30,8 @@ from journey_kit import (
 from journey_kit import placed as _placed
 from real_node import RealNode
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+#: a head restart under load took up to ~220 s to Ready, after a pool start of up to 480 s
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "manifests" / "examples" / "cartpole.yaml"

@@ -77,12 +77,14 @@ class Checker:
             if key not in known:
                 self.fail(f"{path}.{key}", f"unknown field (expected one of {', '.join(known)})")
 
-    def boolean(self, value: Mapping[str, Any], path: str) -> bool:
+    def boolean(self, value: Mapping[str, Any], path: str, default: bool | None = None) -> bool:
+        """``default`` overrides the field's (a model default the CRD does not state)."""
         f = fields.FIELDS[path]
-        got = value.get(path.rsplit(".", 1)[1], f.default)
+        fallback = f.default if default is None else default
+        got = value.get(path.rsplit(".", 1)[1], fallback)
         if not isinstance(got, bool):
             self.fail(path, f"expected true or false, got {got!r}")
-            return bool(f.default)
+            return bool(fallback)
         return got
 
     def integer(self, value: Mapping[str, Any], path: str, default: int | None = None) -> int:

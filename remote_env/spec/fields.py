@@ -63,6 +63,11 @@ PASSWORD_SECRET_MESSAGE: Final = (
     "headFaultTolerance.passwordSecret is the password of an external Redis: set redisAddress "
     "too (the operator's own Redis has its own Secret)")
 
+#: ``spec.headFaultTolerance.enabled`` when unset: on. Not a CRD schema default, so that
+#: EnvPools stay readable by an operator from before the field (an upgrade walk's).
+DEFAULT_HEAD_FAULT_TOLERANCE: Final = True
+#: ``spec.headFaultTolerance.passwordKey`` when unset.
+DEFAULT_REDIS_PASSWORD_KEY: Final = "password"
 #: ``spec.updateStrategy.maxUnavailable`` when unset: Deployment's default.
 DEFAULT_MAX_UNAVAILABLE: Final = "25%"
 #: ``spec.updateStrategy.leasedActors``: what a rollout does with a leased outdated actor.
@@ -142,12 +147,13 @@ FIELDS: Final[dict[str, Field]] = {
     "spec.updateStrategy.leasedActors": Field("string", enum=LEASED_ACTOR_POLICIES),
     "spec.updateStrategy.leasedGraceSeconds": Field("integer", minimum=0, maximum=7 * 86_400),
     #: GCS fault tolerance (KubeRay gcsFaultToleranceOptions): the head's loss keeps the envs.
-    "spec.headFaultTolerance.enabled": Field("boolean", True),
+    #: No schema defaults under headFaultTolerance (see the CRD): the model's apply
+    #: (DEFAULT_HEAD_FAULT_TOLERANCE, DEFAULT_REDIS_PASSWORD_KEY).
+    "spec.headFaultTolerance.enabled": Field("boolean"),
     #: host:port of an external Redis; empty: the operator runs one per pool.
     "spec.headFaultTolerance.redisAddress": Field("string", max_length=260),
     "spec.headFaultTolerance.passwordSecret": Field("string", max_length=MAX_SECRET_NAME_LENGTH),
-    "spec.headFaultTolerance.passwordKey": Field("string", "password", min_length=1,
-                                                 max_length=253),
+    "spec.headFaultTolerance.passwordKey": Field("string", min_length=1, max_length=253),
 }
 
 #: The fields of each object of ``spec`` (``resources`` and ``toleration`` stand for

@@ -181,12 +181,12 @@ class HeadFaultTolerance:
     the operator's own for the pool (``redis_address`` empty) or one the user names.
     """
 
-    enabled: bool = fields.FIELDS["spec.headFaultTolerance.enabled"].default
+    enabled: bool = fields.DEFAULT_HEAD_FAULT_TOLERANCE
     #: host:port of an external Redis; "": the operator runs one (``<name>-redis``).
     redis_address: str = ""
     #: With ``redis_address``: the Secret holding its password ("" : none).
     password_secret: str = ""
-    password_key: str = fields.FIELDS["spec.headFaultTolerance.passwordKey"].default
+    password_key: str = fields.DEFAULT_REDIS_PASSWORD_KEY
 
     @property
     def provisioned(self) -> bool:

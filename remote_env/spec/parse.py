@@ -242,10 +242,9 @@ def _parse_head_fault_tolerance(c: checker.Checker, raw: Any) -> model.HeadFault
     if secret and not address:
         c.fail(f"{path}.passwordSecret", fields.PASSWORD_SECRET_MESSAGE)
     return model.HeadFaultTolerance(
-        enabled=c.boolean(hft, f"{path}.enabled"), redis_address=address,
-        password_secret=secret,
-        password_key=c.string(hft, f"{path}.passwordKey") or
-        fields.FIELDS[f"{path}.passwordKey"].default)
+        enabled=c.boolean(hft, f"{path}.enabled", default=fields.DEFAULT_HEAD_FAULT_TOLERANCE),
+        redis_address=address, password_secret=secret,
+        password_key=c.string(hft, f"{path}.passwordKey") or fields.DEFAULT_REDIS_PASSWORD_KEY)
 
 
 def parse_spec(

@@ -71,7 +71,6 @@ def walk(kube_cluster: Any, real_node: RealNode) -> Iterator[tuple[list[Journey]
     kube_cluster.wait_until(
         lambda: kube_cluster.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0,
         timeout=30, what="default ServiceAccount")
-    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crd"))
     pools = [Journey(kube_cluster, real_node, ns, RELEASE, pool=f"walk-{i}") for i in range(2)]
     tree = Path(tempfile.mkdtemp(prefix="envpool-upgrade-from-")) / "tree"
     try:
@@ -96,6 +95,8 @@ def test_helm_upgrade_under_load_recreates_no_ray_pod_and_loses_no_step(
     assert old_image != new_image, "the old version's image is this checkout's: nothing to walk"
     for j in pools:
         j.image = old_image  # the operator, its pools' default image and the trainers
+    # the older version's CRD, as its users have it (helm never upgrades a chart's CRDs)
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tree / "manifests" / "crd"))
     first.install_operator(chart=tree / "helm" / "envpool-operator")
     for j in pools:
         kube.apply(_pool_doc(ns, j.pool))
@@ -110,6 +111,9 @@ def test_helm_upgrade_under_load_recreates_no_ray_pod_and_loses_no_step(
                 for j in pools}
     old_operator = first.operator_pod()["metadata"]["name"]
 
+    # a user upgrades the CRD first (kubectl apply), then the release; the new CRD's
+    # fields must leave the old operator's EnvPools readable meanwhile
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crd"))
     t0 = time.monotonic()
     first.image = new_image
     first.install_operator(action="upgrade")  # --wait: the new operator pod is Ready

@@ -233,6 +233,8 @@ def _envpool(name: str, replicas: int = 16) -> str:
     doc["metadata"]["name"] = name
     doc["spec"]["replicas"] = replicas
     doc["spec"]["ray"] = {"head": {"resources": SMALL}, "worker": {"resources": SMALL}}
+    # kwok nodes: no GCS or Redis to keep (see test_operator_e2e._cartpole)
+    doc["spec"]["headFaultTolerance"] = {"enabled": False}
     return json.dumps(doc)
 
 

@@ -76,7 +76,13 @@ def add_parser(sub: Any) -> None:
 
 def _spin_us(text: str) -> float | str:
     """``--spin-us``: ``auto`` or a number of µs (checked in :func:`check`)."""
-    return "auto" if text == "auto" else float(text)
+    if text == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'auto' or microseconds (e.g. 500), got {text!r}") from None
 
 
 def _default(field: str) -> object:

@@ -190,9 +190,9 @@ def test_the_head_pod_deleted_while_two_trainers_step(journey: Journey) -> None:
 
 
 
-#: KubeRay's RAY_gcs_rpc_server_reconnect_timeout_s on fault-tolerant pools' workers: how
-#: long a worker's raylet waits for a GCS that accepts it before it exits.
-WORKER_GCS_RECONNECT_S = 600
+#: The Redis pod deleted -> the pool server with every env again, at most: measured 49.4 s
+#: on a quiet machine (each Ray container restarted once); room for a loaded one.
+REDIS_RECOVERY_S = 360
 
 
 def _restarts(j: Journey) -> dict[tuple[str, str, str], int]:
@@ -205,13 +205,13 @@ def _restarts(j: Journey) -> dict[tuple[str, str, str], int]:
 def test_the_redis_pod_deleted(journey: Journey) -> None:
     """The pool's own Redis pod deleted (its emptyDir with it): what a user sees.
 
-    The GCS loses its store and exits; the head's Ray container restarts on the new,
-    empty Redis and the new GCS generates a new cluster ID. Worker raylets keep the old
-    one: the new GCS refuses them ("Wrong cluster ID token in request"), so they wait
-    up to KubeRay's reconnect timeout before they exit and their containers start
-    again in the new cluster, where the pool server re-creates every env. Measured and
-    asserted here: the pool Ready again within that bound, the envs re-created, the
-    restarts of each container and the stepping trainer's end."""
+    The GCS loses its store and exits; the head's containers restart on the new, empty
+    Redis, whose GCS generates a new cluster ID. The worker raylets, with the old one,
+    get "GCS returned an authentication error ... data loss in the DB" and exit; their
+    containers start again in the new cluster, where the pool server re-creates every
+    env. Measured and asserted: the pool server with every env again within
+    REDIS_RECOVERY_S, then Ready, the envs re-created; printed: each container's
+    restarts and last termination, their log lines about it, the trainer's end."""
     j = journey
     if "apply_to_ready_s" not in j.figures:  # run on its own (-k redis)
         j.install_operator()
@@ -246,9 +246,8 @@ def test_the_redis_pod_deleted(journey: Journey) -> None:
             return None
         return st if st["readyEnvs"] == ENVS and _actor_ids(st) != ids_before else None
 
-    bound = WORKER_GCS_RECONNECT_S + 180
     try:
-        after = j.kube.wait_until(serving_new_envs, timeout=bound, interval=3,
+        after = j.kube.wait_until(serving_new_envs, timeout=REDIS_RECOVERY_S, interval=3,
                                   what="the pool server with every env again")
     finally:
         restarts = _restarts(j)
@@ -261,8 +260,8 @@ def test_the_redis_pod_deleted(journey: Journey) -> None:
             logs = j.kube.kubectl("logs", name, "-n", j.ns, "--all-containers", "--previous",
                                   "--tail", "400", check=False).stdout
             hits = [ln for ln in logs.splitlines() if any(k in ln for k in (
-                "cluster ID", "Cluster ID", "Redis", "GCS may have", "marked as dead",
-                "reconnect"))]
+                "cluster ID", "Cluster ID", "authentication error", "Redis connection failed",
+                "GCS may have", "marked as dead"))]
             print(f"[redis] {name} previous containers' log lines:\n" + "\n".join(hits[-15:]))
     j.figures["redis_deleted_to_pool_server_ready_s"] = time.monotonic() - t0
     j.wait_ready(timeout=180)

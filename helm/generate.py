@@ -101,6 +101,13 @@ POOL_PANELS: list[Panel] = [
      [(f"max by (namespace, pool, phase) (envpool_pool_phase{{{POOL_SEL}}}) == 1",
        "{{namespace}}/{{pool}} {{phase}}")],
      "Phase reported by the operator (Pending, Provisioning, Ready, Degraded, Failed, Suspended)."),
+    ("Head available (0: outage)", "none", "state-timeline",
+     [(f"min by (namespace, pool, reason) (envpool_pool_head_available{{{POOL_SEL}}})",
+       "{{namespace}}/{{pool}} {{reason}}")],
+     "The head pod (GCS, pool server), from the EnvPool's HeadAvailable condition: 0 "
+     "during an outage. HeadRecovering: GCS fault tolerance, the env actors and trainers' "
+     "direct steps go on, leases and new attaches wait for the new head. HeadLost: no "
+     "fault tolerance, every env is re-created."),
 ]
 
 OPERATOR_PANELS: list[Panel] = [

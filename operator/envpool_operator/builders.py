@@ -164,6 +164,25 @@ def build_config_map(pool: spec_mod.PoolSpec) -> dict[str, Any]:
     }
 
 
+def _scale_strategy(workers_to_delete: Sequence[str]) -> dict[str, Any]:
+    """A worker group's ``scaleStrategy`` as KubeRay writes it back: ``{}`` when no pod is
+    to go.
+
+    KubeRay's Go type has ``workersToDelete,omitempty``: its every full Update of the
+    RayCluster (the GCS fault-tolerance finalizer, added once) stores ``{}`` for our
+    ``{"workersToDelete": []}``. Our next server-side apply put the empty list back, a
+    spec change: a generation bump KubeRay had to observe again before the operator
+    trusted its status ("KubeRay has not reconciled ... generation 3 (observed 2)"),
+    which once kept a pool not Ready for minutes. Rendering what KubeRay stores makes
+    the apply a no-op. Not in the pods: KubeRay's Recreate hash leaves
+    ``workersToDelete`` out, so this changes no pod of any render generation.
+
+        >>> _scale_strategy([]), _scale_strategy(["w-1"])
+        ({}, {'workersToDelete': ['w-1']})
+    """
+    return {"workersToDelete": list(workers_to_delete)} if workers_to_delete else {}
+
+
 def _ray_cluster_spec(
     pool: spec_mod.PoolSpec, settings: settings_mod.Settings, workers: int,
     spec_hash: str | None = None, workers_to_delete: Sequence[str] = (),
@@ -206,7 +225,7 @@ def _ray_cluster_spec(
             "template": worker,
             # The pods to remove when the group shrinks (worker_plan): never one that
             # hosts a leased env. KubeRay deletes them whatever replicas says.
-            "scaleStrategy": {"workersToDelete": list(workers_to_delete)},
+            "scaleStrategy": _scale_strategy(workers_to_delete),
         }],
     }
     if pool.ray.token_auth:

@@ -73,6 +73,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
         # many writers of children, the resync and autoscaler loops
         connections=2 * cfg.handler_threads + 8, writers=cfg.handler_threads)
     runtime.metrics.track_pools(runtime.phases)
+    runtime.metrics.track_heads(runtime.heads)
     memo.envpool = runtime
     if cfg.metrics_port:
         addr = cfg.metrics_addr or kubeconfig.default_bind_address()

@@ -9,6 +9,10 @@
     >>> m.registry.get_sample_value(
     ...     "envpool_pool_phase", {"namespace": "team-a", "pool": "cartpole", "phase": "Ready"})
     1.0
+    >>> m.track_heads(lambda: [("team-a", "cartpole", False, "HeadRecovering")])
+    >>> m.registry.get_sample_value("envpool_pool_head_available",
+    ...     {"namespace": "team-a", "pool": "cartpole", "reason": "HeadRecovering"})
+    0.0
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ RESULTS: Final = ("success", "retry", "invalid", "error")
 
 #: (namespace, pool, phase or None) for every EnvPool the operator knows.
 PoolPhases = Callable[[], Iterable[tuple[str, str, "str | None"]]]
+#: (namespace, pool, available, reason) of every EnvPool with a HeadAvailable condition.
+PoolHeads = Callable[[], Iterable[tuple[str, str, bool, str]]]
 
 
 class _PhaseCollector(registry.Collector):
@@ -53,6 +59,31 @@ class _PhaseCollector(registry.Collector):
         yield core.GaugeMetricFamily(
             "envpool_pool_phase", "EnvPool phase (1 for the current phase, 0 for the others).",
             labels=["namespace", "pool", "phase"])
+
+
+_HEAD_HELP: Final = ("EnvPool head pod available (1) or not (0), by the HeadAvailable "
+                     "condition's reason (HeadRecovering: an outage with GCS fault "
+                     "tolerance; HeadLost: without it).")
+
+
+class _HeadCollector(registry.Collector):
+    """``envpool_pool_head_available{namespace,pool,reason}`` from each pool's HeadAvailable
+    condition at scrape time: the head's outages on the dashboard, told apart by what
+    they cost (a pool without the condition yet has no series)."""
+
+    def __init__(self) -> None:
+        self.pools: PoolHeads | None = None
+
+    def collect(self) -> Iterator[core.Metric]:
+        family = core.GaugeMetricFamily("envpool_pool_head_available", _HEAD_HELP,
+                                        labels=["namespace", "pool", "reason"])
+        for namespace, pool, available, reason in (self.pools() if self.pools else ()):
+            family.add_metric([namespace, pool, reason], 1.0 if available else 0.0)
+        yield family
+
+    def describe(self) -> Iterator[core.Metric]:
+        yield core.GaugeMetricFamily("envpool_pool_head_available", _HEAD_HELP,
+                                     labels=["namespace", "pool", "reason"])
 
 
 class OperatorMetrics:
@@ -99,10 +130,16 @@ class OperatorMetrics:
             self.scale_writes.labels(direction=direction)
         self._phases = _PhaseCollector()
         registry.register(self._phases)
+        self._heads = _HeadCollector()
+        registry.register(self._heads)
 
     def track_pools(self, pools: PoolPhases) -> None:
         """Export ``envpool_pool_phase`` for the pools ``pools()`` returns at each scrape."""
         self._phases.pools = pools
+
+    def track_heads(self, pools: PoolHeads) -> None:
+        """Export ``envpool_pool_head_available`` for the pools ``pools()`` returns."""
+        self._heads.pools = pools
 
 
 def serve(

@@ -17,6 +17,7 @@ from typing import Any, Final
 from envpool_operator import autoscaler, kube
 from envpool_operator import metrics as metrics_mod
 from envpool_operator import settings as settings_mod
+from envpool_operator import status as status_mod
 
 #: (namespace, EnvPool name)
 Key = tuple[str, str]
@@ -91,6 +92,20 @@ class Runtime:
         with self._lock:
             return [(ns, name, (body.get("status") or {}).get("phase"))
                     for (ns, name), body in self._pools.items()]
+
+    def heads(self) -> list[tuple[str, str, bool, str]]:
+        """(namespace, name, head available, reason) of every known EnvPool with a
+        HeadAvailable condition, for the metrics."""
+        out = []
+        with self._lock:
+            for (ns, name), body in self._pools.items():
+                cond = next((c for c in (body.get("status") or {}).get("conditions") or ()
+                             if isinstance(c, Mapping)
+                             and c.get("type") == status_mod.COND_HEAD_AVAILABLE), None)
+                if cond is not None:
+                    out.append((ns, name, cond.get("status") == "True",
+                                str(cond.get("reason") or "")))
+        return out
 
     def forget(self, key: Key) -> None:
         with self._lock:

@@ -421,6 +421,39 @@ def test_suspend_and_resume(kube_cluster: Any, operator: Operator, namespace: st
                     what="Ready after resume")
 
 
+def test_a_fault_tolerant_pool_costs_kuberay_no_second_generation(
+        kube_cluster: Any, operator: Operator, namespace: str) -> None:
+    """GCS fault tolerance on (issue 31): KubeRay adds its Redis-cleanup finalizer with a
+    full Update of the RayCluster, which re-serializes the spec through its Go types. A
+    field those drop (an empty ``workersToDelete``, once) came back with the operator's
+    next apply: generation 3 where KubeRay had observed 2, and the pool waited for
+    KubeRay. The spec the operator applies is KubeRay's own serialization now: the
+    RayCluster keeps generation 1 through the finalizer and the operator's resyncs, and
+    the pool turns Ready."""
+    kube = kube_cluster
+    _apply(kube, namespace, _cartpole(headFaultTolerance={"enabled": True}))
+    rc = kube.wait_until(
+        lambda: (r := _get(kube, "raycluster", "cartpole", namespace))
+        and "ray.io/gcs-ft-redis-cleanup-finalizer" in (r["metadata"].get("finalizers") or ())
+        and r, timeout=60, what="KubeRay's GCS fault-tolerance finalizer on the RayCluster")
+    assert rc["spec"]["gcsFaultToleranceOptions"]["redisAddress"] == (
+        f"cartpole-redis.{namespace}.svc:6379")
+    assert _get(kube, "deployment", "cartpole-redis", namespace)
+    kube.wait_until(lambda: len(_pods(kube, namespace, "cartpole", "worker")) == 1, timeout=90,
+                    what="the worker pod")
+    # the operator applies the RayCluster again on its resync (30 s here): twice
+    time.sleep(65)
+    _report(kube, namespace, "cartpole", 16, 16)
+    kube.wait_until(lambda: _phase(kube, namespace, "cartpole") == "Ready", timeout=60,
+                    what="cartpole Ready with GCS fault tolerance")
+    rc = _get(kube, "raycluster", "cartpole", namespace)
+    managers = [(m["manager"], m["operation"], m.get("subresource"))
+                for m in rc["metadata"].get("managedFields") or ()]
+    assert rc["metadata"]["generation"] == 1, (rc["metadata"]["generation"], managers,
+                                               rc["spec"]["workerGroupSpecs"][0])
+    assert rc["status"].get("observedGeneration") == 1, rc["status"]
+
+
 def test_image_update_rolls_the_pods_settings_do_not(
         kube_cluster: Any, operator: Operator, namespace: str) -> None:
     kube = kube_cluster

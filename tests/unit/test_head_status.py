@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from envpool_operator import builders, settings, status
+import prometheus_client
+
+from envpool_operator import builders, metrics, runtime, settings, status
 from remote_env import spec
 
 SETTINGS = settings.Settings(image="registry.example/envpool:1.0")
@@ -86,3 +88,28 @@ def test_no_ray_cluster_or_spec() -> None:
                                pool=None, spec_error="bad", ray_cluster=None, pool_report=None,
                                previous={}, now=T0)
     assert _head(st)["status"] == "Unknown"
+
+
+def test_the_dashboards_gauge_follows_the_condition_through_an_outage() -> None:
+    """envpool_pool_head_available (the dashboard's "Head available" panel) is read from
+    the EnvPools the operator keeps: 1 while the head is ready, 0 with the outage's
+    reason while it is not, no series for a pool without the condition yet."""
+    reg = prometheus_client.CollectorRegistry()
+    rt = runtime.Runtime(settings=SETTINGS, metrics=metrics.OperatorMetrics(reg))
+    rt.metrics.track_heads(rt.heads)
+    pool = _pool()
+    up = _status(pool, True, {}, T0)
+    down = _status(pool, False, up, T0 + datetime.timedelta(seconds=10))
+
+    def sample(reason: str) -> float | None:
+        return reg.get_sample_value("envpool_pool_head_available",
+                                    {"namespace": "ns", "pool": "cp", "reason": reason})
+
+    rt.remember_pool(("ns", "fresh"), {"metadata": {"name": "fresh"}, "status": {}})
+    rt.remember_pool(("ns", "cp"), {"metadata": {"name": "cp"}, "status": up})
+    assert sample("HeadReady") == 1.0
+    assert rt.heads() == [("ns", "cp", True, "HeadReady")]  # "fresh": no condition, no series
+    rt.remember_pool(("ns", "cp"), {"metadata": {"name": "cp"}, "status": down})
+    assert (sample("HeadRecovering"), sample("HeadReady")) == (0.0, None)
+    rt.forget(("ns", "cp"))
+    assert sample("HeadRecovering") is None

@@ -537,6 +537,7 @@ def _exported_sample_names() -> set[str]:
         ("ns", "p"), lambda: {"desired": 1, "leased": 0, "free": 1, "leases": 0})
     om = operator_metrics.OperatorMetrics(op_reg := CollectorRegistry())
     om.track_pools(lambda: [("ns", "p", "Ready")])
+    om.track_heads(lambda: [("ns", "p", True, "HeadReady")])
     for registry in (reg, op_reg):
         for family in registry.collect():
             names |= {s.name for s in family.samples}
@@ -559,7 +560,9 @@ def test_dashboard_and_alerts_use_only_exported_metrics() -> None:
     for name in ("envpool_polls_total", "envpool_poll_batch_size_bucket", "envpool_poll_wait_seconds_bucket",
                  "envpool_env_steps_total", "envpool_env_failures_total", "envpool_actor_restarts_total",
                  "envpool_envs", "envpool_operator_reconciles_total",
-                 "envpool_operator_reconcile_duration_seconds_bucket"):
+                 "envpool_operator_reconcile_duration_seconds_bucket",
+                 # the head's outages (issue 31)
+                 "envpool_pool_head_available"):
         assert name in used, f"{name} has no panel"
 
 

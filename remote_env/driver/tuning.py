@@ -187,6 +187,8 @@ def probe(env_fn: Callable[[], Any], cores: int, num_envs: int,
                 ray.kill(env, no_restart=True)
             return Measured(cores, num_envs,
                             unmeasured=f"the env is a {type(env).__name__}, not a gym.Env")
+        if env.render_mode == "human":  # stepping it would open a window here
+            return Measured(cores, num_envs, unmeasured="render_mode='human'")
         if _is_awaited(env.unwrapped) or _is_awaited(env):
             return Measured(cores, num_envs, step_us=0.0, obs_bytes=obs_bytes(
                 env.observation_space), awaited=True)

@@ -124,6 +124,7 @@ def _broken() -> Any:
     (_Raises, "stepping an env here raised RuntimeError"),
     (_broken, "building an env here raised OSError"),
     (functools.partial(examples.rps_parallel_env, 3), "not a gym.Env"),
+    (functools.partial(gym.make, "CartPole-v1", render_mode="human"), "render_mode='human'"),
 ])
 def test_a_probe_that_cannot_measure_falls_back(fn: Any, says: str) -> None:
     m = tuning.probe(fn, cores=2, num_envs=8)

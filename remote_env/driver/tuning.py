@@ -99,8 +99,13 @@ def min_split_envs(step_us: float) -> int:
 
 def choose(m: Measured, *, envs_per_actor: int | None = None,
            splits_per_actor: int | None = None,
-           spin_us: float | str | None = None) -> Tuning:
+           spin_us: float | str | None = None, batch_wait_ms: float = 0.0) -> Tuning:
     """The layout, splits and spin for ``m``; given (not None) values are kept as given.
+
+    A core is left to the driver only with ``batch_wait_ms=0``: with a wait, ``recv``
+    gathers an actor's splits into one batch, so they do not overlap, and one actor
+    per spare core then steps fewer envs at once (CartPole 64 at ``batch_wait_ms=2``,
+    adjacent pairs on 2 cores: 0.79x of one actor per core; README, issue 34).
 
     Unmeasured (``step_us`` None: actors adopted from a pool, Ray calls, several nodes,
     a probe that failed): the defaults of before, one actor per core, one call each, no
@@ -115,13 +120,14 @@ def choose(m: Measured, *, envs_per_actor: int | None = None,
     if m.step_us is None:
         per = envs_per_actor or -(-n // cores)
         return Tuning(per, splits_per_actor or 1, 0.0 if spin_us is None else spin_us,
-                      f"not measured: {m.unmeasured or 'no probe'}{given}")
+                      f"not measured: {m.unmeasured or 'no probe'}")
     if m.awaited:
         per = envs_per_actor or -(-n // min(2 * cores, n))
         return Tuning(per, splits_per_actor or 1, 0.0 if spin_us is None else spin_us,
                       f"awaited envs, step {m.step_us:.0f} us: two actors per core{given}")
     share = driver_share(m, -(-n // cores))
-    keep_core = cores >= 2 and share >= 1 / (cores + 1)
+    bound = share >= 1 / (cores + 1)
+    keep_core = cores >= 2 and bound and batch_wait_ms == 0
     if envs_per_actor is None:
         actors = min(n, cores - 1 if keep_core else cores)
         envs_per_actor = -(-n // actors)
@@ -137,8 +143,10 @@ def choose(m: Measured, *, envs_per_actor: int | None = None,
     kib = (m.obs_bytes or 0) / 1024
     return Tuning(envs_per_actor, splits_per_actor, spin_us,
                   f"step {m.step_us:.1f} us, obs {kib:.1f} KiB, {cores} cores: driver share "
-                  f"{share:.2f} {'>=' if keep_core else '<'} {1 / (cores + 1):.2f}"
-                  f"{': a core left to the driver' if keep_core else ''}{given}")
+                  f"{share:.2f} {'>=' if bound else '<'} {1 / (cores + 1):.2f}"
+                  f"{': a core left to the driver' if keep_core else ''}"
+                  f"{f' (not with batch_wait_ms={batch_wait_ms:g})' if bound and not keep_core and cores >= 2 else ''}"
+                  f"{given}")
 
 
 # --------------------------------------------------------------------- measuring

@@ -287,6 +287,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self._ray = runtime if runtime is not None else ray_connect.connect(address)
         #: the layout, splits and spin this env runs with and why (see :mod:`tuning`)
         self.tuning = self._tune(env_fns, n, envs_per_actor, splits_per_actor, spin_us,
+                                 float(batch_wait_ms),
                                  existing=existing_actors is not None, transport=transport,
                                  threads=threads_per_actor, actor_options=actor_options)
         log.info("RemoteVectorEnv(pool=%r): %s", pool, self.tuning.describe(n))
@@ -321,7 +322,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     # ------------------------------------------------------------------ set-up
     def _tune(self, env_fns: list[EnvFn], n: int, envs_per_actor: int | None,
-              splits_per_actor: int | None, spin_us: float | str | None, *, existing: bool,
+              splits_per_actor: int | None, spin_us: float | str | None,
+              batch_wait_ms: float, *, existing: bool,
               transport: str, threads: int,
               actor_options: Mapping[str, Any] | None) -> tuning_mod.Tuning:
         """What the options left to the library (None) are: measured on one env built
@@ -333,6 +335,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             why = "envs_per_actor given"
         elif existing:
             why = "existing actors"
+        elif batch_wait_ms > 0:  # recv gathers the splits: the rule keeps the layout
+            why = f"batch_wait_ms={batch_wait_ms:g}"
         elif transport != "auto":
             why = f"transport={transport!r}"
         elif threads != 1:
@@ -344,7 +348,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         measured = (tuning_mod.Measured(cores, n, unmeasured=why) if why
                     else tuning_mod.probe(env_fns[0], cores, n))
         return tuning_mod.choose(measured, envs_per_actor=envs_per_actor,
-                                 splits_per_actor=splits_per_actor, spin_us=spin_us)
+                                 splits_per_actor=splits_per_actor, spin_us=spin_us,
+                                 batch_wait_ms=batch_wait_ms)
 
     def _set_up(self, infos: list[dict[str, Any]],
                 replacer: Callable[[Any, str], Any] | None) -> None:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 
 def test_frames_get_one_actor_in_two_splits_and_step_as_sync() -> None:
     n = 16
-    remote = RemoteVectorEnv([examples.ImageEnv] * n)
+    remote = RemoteVectorEnv([examples.ImageEnv] * n, batch_wait_ms=0)
     sync = gym.vector.SyncVectorEnv([examples.ImageEnv] * n)
     try:
         assert (len(remote.actors), remote.envs_per_actor, remote.splits_per_actor,
@@ -37,7 +37,8 @@ def test_frames_get_one_actor_in_two_splits_and_step_as_sync() -> None:
 
 
 def test_expensive_envs_keep_an_actor_per_core() -> None:
-    remote = RemoteVectorEnv([functools.partial(examples.BusyCartPole, 1.0)] * 4)
+    remote = RemoteVectorEnv([functools.partial(examples.BusyCartPole, 1.0)] * 4,
+                             batch_wait_ms=0)
     try:
         assert (len(remote.actors), remote.splits_per_actor) == (2, 1)
     finally:
@@ -50,8 +51,10 @@ def test_given_values_win_and_skip_the_measuring() -> None:
         ({"envs_per_actor": 8}, (2, 8, 1, 0.0, "not measured: envs_per_actor given")),
         ({"transport": "ray"}, (2, 8, 1, 0.0, "not measured: transport='ray'")),
         ({"splits_per_actor": 4, "spin_us": "auto"}, (1, 16, 4, "auto", "given: splits")),
+        # the default batch_wait_ms (2): recv gathers the splits; the layout of before
+        ({"batch_wait_ms": 2}, (2, 8, 1, 0.0, "not measured: batch_wait_ms=2")),
     ]:
-        remote = RemoteVectorEnv(fns, **kwargs)  # type: ignore[arg-type]
+        remote = RemoteVectorEnv(fns, **{"batch_wait_ms": 0, **kwargs})  # type: ignore[arg-type]
         try:
             got = (len(remote.actors), remote.envs_per_actor, remote.splits_per_actor,
                    remote.spin_us)

@@ -50,6 +50,14 @@ def test_more_cores_lower_the_share_the_driver_needs() -> None:
     assert (heavy.envs_per_actor, heavy.splits_per_actor) == (16, 1)
 
 
+def test_a_batch_wait_keeps_one_actor_per_core() -> None:
+    """recv gathers an actor's splits with batch_wait_ms > 0: they would not overlap."""
+    m = Measured(cores=2, num_envs=64, step_us=4.0, obs_bytes=CARTPOLE)
+    t = tuning.choose(m, batch_wait_ms=2.0)
+    assert (t.envs_per_actor, t.splits_per_actor) == (32, 1)
+    assert "not with batch_wait_ms=2" in t.why
+
+
 def test_one_core_has_no_core_to_leave() -> None:
     t = tuning.choose(Measured(cores=1, num_envs=16, step_us=4.0, obs_bytes=FRAME))
     assert (t.envs_per_actor, t.splits_per_actor) == (16, 1)

@@ -45,9 +45,11 @@ IMPLS = ("remote_env", "remote_env_async", "remote_env_defaults", "remote_env_pi
 OFF_NODE_IMPLS = ("remote_env_on_node", "remote_env_off_node", "remote_env_off_node_ray")
 #: On request (``--impl``): the tuned and the default configs with ``copy=False``
 #: (observations handed out as views of the shared-memory batch, no copy out); the
-#: defaults with the actors' spin at ``"auto"`` and at a fixed 500 µs.
+#: defaults with the actors' spin at ``"auto"`` and at a fixed 500 µs; the defaults of
+#: before the self-tuning (issue 34: one actor per core, one call each, no spin).
 EXTRA_IMPLS = ("remote_env_nocopy", "remote_env_defaults_nocopy",
-               "remote_env_defaults_spinauto", "remote_env_defaults_spin500")
+               "remote_env_defaults_spinauto", "remote_env_defaults_spin500",
+               "remote_env_untuned")
 #: the custom resources that place them (the simulated nodes advertise them)
 ON_NODE, OFF_NODE = "envpool_bench_driver_node", "envpool_bench_other_node"
 PEERS = ("gymnasium_sync", "gymnasium_async", "rllib_remote_base_env")
@@ -55,6 +57,7 @@ PEERS = ("gymnasium_sync", "gymnasium_async", "rllib_remote_base_env")
 make_env_fn = bench_runners.make_env_fn
 make_async_env_fn = bench_runners.make_async_env_fn
 best_config = bench_runners.best_config
+untuned_config = bench_runners.untuned_config
 async_config = bench_runners.async_config
 # A guess per run before one has been timed, beyond its --seconds: start-up and
 # teardown. RLlib's RemoteBaseEnv starts one actor per env, ~4.5 s each here.
@@ -159,6 +162,7 @@ def bench(workload: str, n: int, seconds: float, reps: int, impls: list[str],
                                                                {"spin_us": "auto"}),
         "remote_env_defaults_spin500": lambda: run_remote_env(fn, n, seconds,
                                                               {"spin_us": 500.0}),
+        "remote_env_untuned": lambda: run_remote_env(fn, n, seconds, untuned_config(n, cpus)),
         # the older data paths, at the defaults: compare with remote_env_defaults
         "remote_env_pickle": lambda: run_remote_env(fn, n, seconds, {"transport": "pickle"}),
         "remote_env_ray": lambda: run_remote_env(fn, n, seconds, {"transport": "ray"}),

@@ -50,6 +50,13 @@ def async_config(num_envs: int, cpus: int) -> dict[str, Any]:
     return {"envs_per_actor": per_actor, "batch_wait_ms": 0.0}
 
 
+def untuned_config(num_envs: int, cpus: int) -> dict[str, Any]:
+    """The defaults before they tuned themselves (issue 34): one actor per core, one
+    call each, no spin; what ``remote_env_defaults`` ran until then."""
+    return {"envs_per_actor": -(-num_envs // max(1, cpus)), "splits_per_actor": 1,
+            "spin_us": 0.0}
+
+
 def best_config(workload: str, num_envs: int, cpus: int) -> dict[str, Any]:
     """What we would tell a user to pick for this workload (see README).
 

@@ -38,8 +38,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--env-kwarg", dest="env_kwargs", type=_kv, action="append", default=[],
                    metavar="KEY=VALUE", help="keyword for the env (YAML value); repeatable")
     p.add_argument("--num-envs", type=int, default=16, help="sub-envs in the pool (default %(default)s)")
-    p.add_argument("--envs-per-actor", type=int, default=8,
-                   help="sub-envs per Ray actor; one call steps them all (default %(default)s)")
+    p.add_argument("--envs-per-actor", type=int, default=None,
+                   help="sub-envs per Ray actor; one call steps them all (default: picked "
+                   "from one env measured at start-up, shown when the pool is ready)")
     p.add_argument("--threads-per-actor", type=int, default=_default("threadsPerActor"),
                    help="threads stepping each actor's envs, for envs that block on I/O "
                    "(envs with async astep/areset need none) (default %(default)s)")
@@ -48,14 +49,14 @@ def add_parser(sub: Any) -> None:
                    "ray: Ray calls only (default %(default)s)")
     p.add_argument("--batch-wait-ms", type=float, default=_default("batchWaitMs"),
                    help="how long recv() waits for more ready envs (default %(default)s)")
-    p.add_argument("--spin-us", type=_spin_us, default=0.0,
+    p.add_argument("--spin-us", type=_spin_us, default=None,
                    help="how long an actor on this node looks for the next call before it "
                    "sleeps; ~500 for cheap envs (see README); auto: 500 only while calls "
-                   "come back-to-back (default %(default)s)")
-    p.add_argument("--splits-per-actor", type=int, default=1,
+                   "come back-to-back (default: picked at start-up)")
+    p.add_argument("--splits-per-actor", type=int, default=None,
                    help="send each actor's envs as this many calls, so the actor steps one "
-                   "split while the driver handles another; try 2 with one actor per spare "
-                   "core (see README) (default %(default)s)")
+                   "split while the driver handles another; 2 with one actor per spare "
+                   "core (see README) (default: picked at start-up)")
     p.add_argument("--seconds", type=float, default=30.0, help="how long to run (Ctrl-C stops early)")
     p.add_argument("--seed", type=int, default=0, help="reset seed of env 0 (env i: seed+i)")
     p.add_argument("--num-cpus", type=int, default=2, help="CPUs of the embedded Ray")
@@ -93,14 +94,14 @@ def _default(field: str) -> object:
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse bad arguments before Ray starts, with the parser's usage message."""
     for name in ("num_envs", "envs_per_actor", "threads_per_actor", "splits_per_actor"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:  # None: picked
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if math.isnan(args.seconds) or args.seconds <= 0:  # inf: until Ctrl-C
         parser.error(f"--seconds must be > 0, got {args.seconds}")
     for flag, value in (("--max-restarts", args.max_restarts),
                         ("--step-timeout", args.step_timeout),
                         ("--batch-wait-ms", args.batch_wait_ms),
-                        ("--spin-us", 0.0 if args.spin_us == "auto" else args.spin_us)):
+                        ("--spin-us", 0.0 if args.spin_us in ("auto", None) else args.spin_us)):
         if not math.isfinite(value):  # NaN passes a plain < 0
             parser.error(f"{flag} must be a finite number, got {value}")
         if value < 0:
@@ -183,12 +184,18 @@ def _open_envs(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
     cleanup.callback(envs.close)
     how = "awaiting astep" if envs.async_steps else (
         f"{args.threads_per_actor} threads each" if args.threads_per_actor > 1 else "")
-    if args.splits_per_actor > 1:
-        how = ", ".join(filter(None, (how, f"{args.splits_per_actor} splits each")))
+    if envs.splits_per_actor > 1:
+        how = ", ".join(filter(None, (how, f"{envs.splits_per_actor} splits each")))
     n = len(envs.actors)
     print(f"{envs.num_envs} x {args.entrypoint or args.env} in {n} actor{'s' * (n != 1)}"
           f"{f' ({how})' if how else ''} ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    _say_layout(envs)
     return envs
+
+
+def _say_layout(envs: Any) -> None:
+    """What the library picked for the options not given, and from what."""
+    print(f"layout: {envs.tuning.describe(envs.num_envs)}", file=sys.stderr)
 
 
 def _open_pool(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
@@ -213,6 +220,7 @@ def _open_pool(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Any:
     envs = RemoteVectorEnv.from_pool(spec.name, metrics=PoolMetrics(pool=spec.name),
                                      spin_us=args.spin_us, splits_per_actor=args.splits_per_actor)
     cleanup.callback(envs.close)
+    _say_layout(envs)
     return envs
 
 
@@ -261,4 +269,5 @@ def _progress(envs: Any, elapsed: float, steps: int, episodes: int) -> str:
     t = envs.metrics.totals()
     return (f"{elapsed:6.1f}s  {steps / elapsed:9.0f} steps/s  episodes {episodes}  "
             f"failures {t['failures']:.0f}  restarts {t['env_restarts']:.0f} env / "
-            f"{t['actor_restarts']:.0f} actor")
+            f"{t['actor_restarts']:.0f} actor  layout {len(envs.actors)}x{envs.envs_per_actor}"
+            f"/{envs.splits_per_actor} split{'s' * (envs.splits_per_actor != 1)}")

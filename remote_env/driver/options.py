@@ -60,9 +60,3 @@ def auto_spin_us(obs_space: Any, envs_per_actor: int, splits_per_actor: int) -> 
         per_call = -(-envs_per_actor // max(1, splits_per_actor))
         nbytes = int(np.prod(obs_space.shape, dtype=np.int64)) * obs_space.dtype.itemsize * per_call
     return AUTO_SPIN_US if nbytes <= AUTO_SPIN_MAX_OBS_BYTES else 0.0
-
-
-def envs_per_actor_for(num_envs: int, cpus: int) -> int:
-    """The default: about one actor per core of the Ray cluster (a Ray call costs
-    ~1-3 ms, so few, large calls win for cheap envs)."""
-    return -(-num_envs // max(1, cpus))

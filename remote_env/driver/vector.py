@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import multiprocessing
 import time
 import warnings
@@ -46,6 +47,7 @@ from remote_env import checks, errors, interrupts, ray_connect
 from remote_env.actor.host import EnvFn
 from remote_env.driver import hosts as hosts_mod
 from remote_env.driver import options as options_mod
+from remote_env.driver import tuning as tuning_mod
 from remote_env.driver.assembly import Assembler, Batches, Results
 from remote_env.driver.dispatch import Dispatcher
 from remote_env.driver.hosts import HostTable
@@ -59,6 +61,7 @@ from remote_env.metrics import PoolMetrics
 from remote_env.spec.fields import DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_RESTARTS
 
 TRANSPORTS = checks.TRANSPORTS
+log = logging.getLogger(__name__)
 _E = TypeVar("_E", bound="RemoteVectorEnv")
 
 #: sub-env ids for ``call``/``get_attr``/``set_attr``; None: all of them
@@ -122,9 +125,17 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             ``gymnasium.vector.AsyncVectorEnv``. A callable may return a gymnasium
             env, a PettingZoo ``ParallelEnv`` / RLlib-style multi-agent env, or a Ray
             actor handle of an env (stepped through Ray from the host actor).
-        envs_per_actor: sub-envs hosted by one actor; one Ray call steps them all.
-            None (default): ``ceil(num_envs / CPUs of the Ray cluster)``, about one actor
-            per core: a Ray call costs ~1-3 ms, so few, large calls win for cheap envs.
+        envs_per_actor: sub-envs hosted by one actor; one call steps them all.
+            None (default): the library picks (:mod:`remote_env.driver.tuning`, shown in
+            ``repr(envs)``, ``envs.tuning`` and the log). On a one-node Ray with
+            ``transport="auto"`` and no ``actor_options``/``threads_per_actor``, one env
+            is built here, as gymnasium's ``AsyncVectorEnv`` builds one to read its
+            spaces, and stepped a few times (at most 32 steps or 50 ms, its own seed,
+            then closed) to measure its step and observation size: envs whose data
+            cost the driver a core's share get one actor per *spare* core in two
+            splits, the others one actor per core. Otherwise (or if that env cannot be
+            built or stepped here): ``ceil(num_envs / CPUs of the Ray cluster)``.
+            Pass a number to skip the measuring.
         batch_wait_ms: how long :meth:`recv` waits for more envs once called.
         autoreset_mode: gymnasium autoreset mode (NEXT_STEP, SAME_STEP, DISABLED).
         copy: return copies of observations (as ``SyncVectorEnv`` does). False (as
@@ -172,7 +183,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             For cheap envs stepped in a tight loop a few hundred µs spares each call a
             wake-up and cold caches (CartPole, 64 envs in two actors on 2 cores: see
             README "Benchmarks"), at the price of that CPU when the next call is late.
-            0 (default): it sleeps at once; a number: it always spins that long.
+            None (default): the library picks (0 today: a spin did not measure faster
+            on the 2-core test machine); 0: it sleeps at once; a number: it always
+            spins that long.
             ``"auto"``: 500 µs, but only while the calls come back-to-back (the last
             one came within it); after a longer gap (a learner update, a trainer
             pacing its steps) the actor sleeps at once until they do again. No spin
@@ -184,7 +197,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             ``worker_num_splits``): an actor steps one split while the driver handles
             the reply of another, so with one actor per spare core the driver and the
             actors keep their cores busy instead of taking turns (images, 16 envs in one
-            actor on 2 cores: see README "Benchmarks"). 1 (default): one call per actor.
+            actor on 2 cores: see README "Benchmarks"). None (default): the library
+            picks (2 where it leaves the driver a core, else 1; see ``envs_per_actor``).
             Each split is a fixed range of an actor's envs; each call costs ~100 µs of
             driver CPU, so splits of fewer than ~8 cheap envs cost more than they overlap.
         existing_actors: ``SubEnvHost`` actors (from :meth:`host_class`) or env
@@ -233,8 +247,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         close_timeout_s: float | None = 5.0,
         threads_per_actor: int = 1,
         transport: str = "auto",
-        spin_us: float | str = 0.0,
-        splits_per_actor: int = 1,
+        spin_us: float | str | None = None,
+        splits_per_actor: int | None = None,
         existing_actors: Sequence[Any] | None = None,
         on_sub_environment_created: Callable[[Any, int], None] | None = None,
         actor_options: Mapping[str, Any] | None = None,
@@ -260,7 +274,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
                           max_restarts=max_restarts, batch_wait_ms=batch_wait_ms,
                           step_timeout_s=step_timeout_s, restart_backoff_s=restart_backoff_s,
                           transport=transport, observation_mode=observation_mode,
-                          spin_us=spin_us, splits_per_actor=splits_per_actor,
+                          # None: the library picks (tuning); a value is checked as given
+                          spin_us=0.0 if spin_us is None else spin_us,
+                          splits_per_actor=1 if splits_per_actor is None else splits_per_actor,
                           start_timeout_s=start_timeout_s, close_timeout_s=close_timeout_s)
         n = len(env_fns)
         self.pool = pool
@@ -269,9 +285,14 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         # the ray module, or what stands in for it where actors are reached over TCP
         # only (a pool leased over HTTP: remote_env.driver.http_lease.NoRay)
         self._ray = runtime if runtime is not None else ray_connect.connect(address)
-        if envs_per_actor is None:
-            envs_per_actor = options_mod.envs_per_actor_for(
-                n, int(self._ray.cluster_resources().get("CPU", 1)))
+        #: the layout, splits and spin this env runs with and why (see :mod:`tuning`)
+        self.tuning = self._tune(env_fns, n, envs_per_actor, splits_per_actor, spin_us,
+                                 float(batch_wait_ms),
+                                 existing=existing_actors is not None, transport=transport,
+                                 threads=threads_per_actor, actor_options=actor_options)
+        log.info("RemoteVectorEnv(pool=%r): %s", pool, self.tuning.describe(n))
+        envs_per_actor = self.tuning.envs_per_actor
+        spin_us, splits_per_actor = self.tuning.spin_us, self.tuning.splits_per_actor
         o = self._options = options_mod.Options(
             num_envs=n, envs_per_actor=envs_per_actor, batch_wait_ms=float(batch_wait_ms),
             autoreset_mode=AutoresetMode(autoreset_mode), copy=copy,
@@ -300,6 +321,36 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         self.closed = False
 
     # ------------------------------------------------------------------ set-up
+    def _tune(self, env_fns: list[EnvFn], n: int, envs_per_actor: int | None,
+              splits_per_actor: int | None, spin_us: float | str | None,
+              batch_wait_ms: float, *, existing: bool,
+              transport: str, threads: int,
+              actor_options: Mapping[str, Any] | None) -> tuning_mod.Tuning:
+        """What the options left to the library (None) are: measured on one env built
+        here when the layout is ours to choose and the rule's measurements hold (the
+        actors on this node, reached through shared memory), else the defaults of before."""
+        cores = int(self._ray.cluster_resources().get("CPU", 1))
+        why = ""
+        if envs_per_actor is not None:
+            why = "envs_per_actor given"
+        elif existing:
+            why = "existing actors"
+        elif batch_wait_ms > 0:  # recv gathers the splits: the rule keeps the layout
+            why = f"batch_wait_ms={batch_wait_ms:g}"
+        elif transport != "auto":
+            why = f"transport={transport!r}"
+        elif threads != 1:
+            why = "threads_per_actor given"
+        elif actor_options:
+            why = "actor_options given (placement, CPUs)"
+        elif len([x for x in self._ray.nodes() if x.get("Alive")]) != 1:
+            why = "several nodes"
+        measured = (tuning_mod.Measured(cores, n, unmeasured=why) if why
+                    else tuning_mod.probe(env_fns[0], cores, n))
+        return tuning_mod.choose(measured, envs_per_actor=envs_per_actor,
+                                 splits_per_actor=splits_per_actor, spin_us=spin_us,
+                                 batch_wait_ms=batch_wait_ms)
+
     def _set_up(self, infos: list[dict[str, Any]],
                 replacer: Callable[[Any, str], Any] | None) -> None:
         o, n = self._options, self._options.num_envs
@@ -905,5 +956,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     def __repr__(self) -> str:
         pool = "" if self._lease is None else f"pool={self.pool!r}, "
+        o = self._options
         return (f"RemoteVectorEnv({pool}num_envs={self.num_envs}, actors={len(self._hosts)}, "
-                f"envs_per_actor={self.envs_per_actor})")
+                f"envs_per_actor={self.envs_per_actor}, splits_per_actor={o.splits_per_actor}, "
+                f"spin_us={o.spin_us!r}; {self.tuning.why})")

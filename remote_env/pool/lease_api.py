@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from remote_env import errors
+from remote_env import spec as spec_mod
 from remote_env.metrics import PoolMetrics
 from remote_env.pool import lease_rules
 from remote_env.pool import relay as relay_mod
@@ -50,7 +51,7 @@ from remote_env.wire import channel, protocol, relay
 log = logging.getLogger(__name__)
 
 #: The lease API's port unless told otherwise (``--lease-port``, ``$ENVPOOL_LEASE_API_PORT``).
-DEFAULT_PORT: Final = 8267
+DEFAULT_PORT: Final = spec_mod.LEASE_API_PORT  # 8267
 #: The file holding the bearer token (the operator mounts the pool's Secret there).
 TOKEN_FILE_ENV: Final = "ENVPOOL_LEASE_TOKEN_FILE"
 #: The address the API binds to (in a pod: its IP or 0.0.0.0; a NetworkPolicy guards it).

@@ -348,14 +348,14 @@ class HttpLease:
                     "ttl_s": self.ttl_s, "epoch": self.epoch}
             try:
                 self._api.post("heartbeat", body, self.ttl_s / 3)
+            except OSError as exc:  # the pool server is unreachable for now: next beat
+                log.warning("lease %s: heartbeat failed: %s", self.lease_id[:8], exc)
             except LeaseApiError as exc:
                 if exc.status == 410:
                     self.lost = True
                     log.error("lease %s: lost: %s", self.lease_id[:8], exc)
                     return
                 log.warning("lease %s: heartbeat refused: %s", self.lease_id[:8], exc)
-            except OSError as exc:  # the pool server is unreachable for now: next beat
-                log.warning("lease %s: heartbeat failed: %s", self.lease_id[:8], exc)
 
     def check(self) -> None:
         if self.lost:

@@ -438,8 +438,15 @@ def relay_handler(service: LeaseService, splicer: relay_mod.Splicer) -> Any:
             splicer.unreserve()
             raise
         transport = request.transport
-        raw = transport.get_extra_info("socket")
-        trainer = socket.socket(fileno=os.dup(raw.fileno()))
+        try:
+            if transport is None or transport.is_closing():
+                raise ConnectionResetError("the trainer left before its relay was set up")
+            raw = transport.get_extra_info("socket")
+            trainer = socket.socket(fileno=os.dup(raw.fileno()))
+        except BaseException:
+            actor.close()
+            splicer.unreserve()
+            raise
         transport.abort()  # aiohttp stops reading now; closes its descriptor only
         splicer.count("relayed")
         splicer.splice(trainer, actor, relay.response_head())

@@ -61,9 +61,10 @@ class LeaseApiError(RuntimeError):
     may succeed; ``free_envs``/``asked_envs`` say how far the pool was from granting.
     """
 
-    def __init__(self, status: int, body: dict[str, Any], url: str) -> None:
-        message = str(body.get("error") or body)
-        super().__init__(f"{url}: HTTP {status}: {message}")
+    def __init__(self, status: int, body: dict[str, Any], url: str,
+                 message: str | None = None) -> None:
+        said = str(body.get("error") or body)
+        super().__init__(message or f"{url}: HTTP {status}: {said}")
         self.status = status
         self.body = body
 
@@ -89,14 +90,13 @@ class LeaseApiUnreachableError(LeaseApiError, ConnectionError):
 
     def __init__(self, url: str, cause: BaseException) -> None:
         why = getattr(cause, "reason", None) or cause
-        Exception.__init__(
-            self, f"the pool's lease API at {url} did not answer ({type(why).__name__}: "
+        super().__init__(
+            0, {"error": str(why), "reason": "unreachable", "retryable": True}, url,
+            f"the pool's lease API at {url} did not answer ({type(why).__name__}: "
             f"{why}): check the URL names the pool's head service and lease port "
             "(http://<pool>-head-svc:8267 in the cluster, in the pool's namespace); from "
             "outside the cluster, that `kubectl port-forward svc/<pool>-head-svc "
             "8267:8267` is running and the URL is http://127.0.0.1:8267")
-        self.status = 0
-        self.body = {"error": str(why), "reason": "unreachable", "retryable": True}
 
 
 class LeaseApi:

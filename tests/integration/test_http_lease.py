@@ -243,7 +243,8 @@ def test_the_relay_refuses_what_is_not_a_current_actor_of_a_held_lease(
         key = bytes.fromhex(actor["key"])
         # through the relay, the actor is this lease's as it is directly
         chan = channel.Channel(api.dialer(target), key)
-        assert channel.get(chan.call(("fenced", lease["epoch"], "ping")), None) > 0
+        described = channel.get(chan.call(("fenced", lease["epoch"], "describe")), None)
+        assert described["num_envs"] == actor["num_envs"]
         chan.close()
         with pytest.raises(relay.RelayRefusedError, match="HTTP 401: a wrong token"):
             channel.Channel(LeaseApi(pool.lease_url, "nope").dialer(target), key)

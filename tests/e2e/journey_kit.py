@@ -261,8 +261,10 @@ t0 = time.monotonic()
 # the Ray client connection first, with patience whatever wait_s is: wait_s=0 asks for
 # free envs at once, and a head busy starting this client's server is not "no envs"
 ray_connect.connect(address, default="auto", wait_s=max(wait_s, 120.0))
+# TRANSPORT=ray: Ray calls only, as a trainer that cannot reach pod addresses gets
 envs = RemoteVectorEnv.from_pool(
-    pool, num_envs=int(sys.argv[2]), wait_s=wait_s, trainer=os.environ.get("TRAINER", "trainer"))
+    pool, num_envs=int(sys.argv[2]), wait_s=wait_s, trainer=os.environ.get("TRAINER", "trainer"),
+    transport=os.environ.get("TRANSPORT", "auto"))
 attached = time.monotonic() - t0
 attached_at = time.time()
 slots = sorted(int(x) for x in envs.slots)

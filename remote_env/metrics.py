@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -20,6 +20,12 @@ FAILURE_REASONS = ("exception", "actor_died", "timeout")
 ENV_STATES = ("running", "restarting", "failed")
 #: how a lease request over the pool's HTTP API ended (envpool_lease_attach_seconds)
 ATTACH_OUTCOMES = ("granted", "waited", "exhausted")
+#: how a relay request through the pool server ended (envpool_relay_connections):
+#: spliced to the actor, refused (token, lease, actor), turned away at the cap, or the
+#: actor's data address did not accept from the head
+RELAY_OUTCOMES = ("relayed", "refused", "full", "unreachable")
+#: which way relayed bytes went (envpool_relay_bytes)
+RELAY_DIRECTIONS = ("to_actor", "to_trainer")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _ATTACH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                    300.0)
@@ -106,6 +112,19 @@ class _Families:
             "granted at once, granted after waiting (wait_s), or exhausted (refused).",
             [*ln, "outcome"], buckets=_ATTACH_BUCKETS, registry=registry,
         )
+        self.relay_connections = Counter(
+            "envpool_relay_connections",
+            "Relay requests through the pool server (trainers that cannot reach pod "
+            "addresses), by outcome.", [*ln, "outcome"], registry=registry,
+        )
+        self.relay_open = Gauge(
+            "envpool_relay_open_connections", "Relayed connections open now.", ln,
+            registry=registry,
+        )
+        self.relay_bytes = Counter(
+            "envpool_relay_bytes", "Bytes the pool server relayed, by direction.",
+            [*ln, "direction"], registry=registry,
+        )
         self.states = _EnvStateCollector(labelnames)
         registry.register(self.states)
 
@@ -160,6 +179,11 @@ class PoolMetrics:
         self.leases_reclaimed = self._f.leases_reclaimed.labels(*lv)
         #: outcome -> the lease API's attach latency (seconds)
         self.attach = {o: self._f.attach.labels(*lv, o) for o in ATTACH_OUTCOMES}
+        #: the relay's (remote_env.pool.relay): outcome -> requests, open now, direction -> bytes
+        self.relay_connections = {o: self._f.relay_connections.labels(*lv, o)
+                                  for o in RELAY_OUTCOMES}
+        self.relay_open = self._f.relay_open.labels(*lv)
+        self.relay_bytes = {d: self._f.relay_bytes.labels(*lv, d) for d in RELAY_DIRECTIONS}
 
     def track_states(self, fn: StateFn) -> None:
         self._f.states.add(self._labels, fn)
@@ -192,12 +216,17 @@ class PoolMetrics:
         lv = self._labels
         self.untrack_states()
         for fam in (self._f.polls, self._f.batch, self._f.wait, self._f.steps,
-                    self._f.env_restarts, self._f.actor_restarts, self._f.leases_reclaimed):
+                    self._f.env_restarts, self._f.actor_restarts, self._f.leases_reclaimed,
+                    self._f.relay_open):
             fam.remove(*lv)
         for r in FAILURE_REASONS:
             self._f.failures.remove(*lv, r)
         for o in ATTACH_OUTCOMES:
             self._f.attach.remove(*lv, o)
+        for o in RELAY_OUTCOMES:
+            self._f.relay_connections.remove(*lv, o)
+        for d in RELAY_DIRECTIONS:
+            self._f.relay_bytes.remove(*lv, d)
 
 
 def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> Any:

@@ -4,11 +4,13 @@ shared memory) and Ray calls, on one warm pool, in the same run (issue 30's figu
     PYTHONPATH=. .venv/bin/python scripts/bench_http_lease.py --envs 64 --envs-per-actor 16
 
 Starts a local Ray and a pool server of ``--envs`` CartPole envs with its lease API,
-then, rep by rep and in turn, leases all of them three ways and steps them for
+then, rep by rep and in turn, leases all of them four ways and steps them for
 ``--seconds``: ``shm`` (``from_pool(name)``: the actors are on this node, so the Unix
 socket and shared memory), ``http_tcp`` (``from_pool(name, url=...)``: HTTP lease,
-the actors' TCP channels, no Ray calls) and ``ray`` (``transport="ray"``). Prints each
-rep, then one JSON line with the medians and the ratios.
+the actors' TCP channels, no Ray calls), ``relay`` (the same, ``relay=True``: every
+channel through the pool server's relay on the lease API's port, as a trainer
+outside the cluster behind one port-forward) and ``ray`` (``transport="ray"``).
+Prints each rep, then one JSON line with the medians and the ratios.
 """
 
 from __future__ import annotations
@@ -69,7 +71,11 @@ def main() -> None:
     ways = {
         "shm": lambda: RemoteVectorEnv.from_pool("bench", num_envs=n, wait_s=60),
         "http_tcp": lambda: RemoteVectorEnv.from_pool("bench", url=server.lease_url,
-                                                      token=TOKEN, num_envs=n, wait_s=60),
+                                                      token=TOKEN, num_envs=n, wait_s=60,
+                                                      relay=False),
+        "relay": lambda: RemoteVectorEnv.from_pool("bench", url=server.lease_url,
+                                                   token=TOKEN, num_envs=n, wait_s=60,
+                                                   relay=True),
         "ray": lambda: RemoteVectorEnv.from_pool("bench", num_envs=n, transport="ray",
                                                  wait_s=60),
     }
@@ -95,6 +101,9 @@ def main() -> None:
         "attach_ms_median": {w: statistics.median(v) * 1000 for w, v in attach.items()},
         "http_tcp_over_shm": med["http_tcp"] / med["shm"],
         "http_tcp_over_ray": med["http_tcp"] / med["ray"],
+        "relay_over_http_tcp": med["relay"] / med["http_tcp"],
+        "relay_over_shm": med["relay"] / med["shm"],
+        "relay_over_ray": med["relay"] / med["ray"],
     }))
 
 

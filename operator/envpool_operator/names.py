@@ -42,7 +42,7 @@ TRAINER_LABEL: Final = "envpool.dev/trainer"
 #: with a URL). :data:`TRAINER_LABEL` admits every port (Ray client trainers).
 LEASE_TRAINER_LABEL: Final = "envpool.dev/trainer-of"
 #: The pool server's HTTP lease API (lease, heartbeat, release, replace), on the head.
-LEASE_API_PORT: Final = 8267
+LEASE_API_PORT: Final = spec_mod.LEASE_API_PORT  # 8267
 LEASE_API_PORT_NAME: Final = "lease-api"
 #: Key of the lease API's bearer token in Secret :func:`lease_token_secret_name`.
 LEASE_TOKEN_KEY: Final = "token"

@@ -37,14 +37,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from typing import Any, Final
 
 from remote_env import errors
 from remote_env.driver import attach_options
-from remote_env.wire import channel, protocol
+from remote_env.wire import channel, protocol, relay
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,10 @@ class LeaseApiError(RuntimeError):
     may succeed; ``free_envs``/``asked_envs`` say how far the pool was from granting.
     """
 
-    def __init__(self, status: int, body: dict[str, Any], url: str) -> None:
-        message = str(body.get("error") or body)
-        super().__init__(f"{url}: HTTP {status}: {message}")
+    def __init__(self, status: int, body: dict[str, Any], url: str,
+                 message: str | None = None) -> None:
+        said = str(body.get("error") or body)
+        super().__init__(message or f"{url}: HTTP {status}: {said}")
         self.status = status
         self.body = body
 
@@ -82,13 +83,34 @@ class LeaseApiError(RuntimeError):
         return None if asked is None else int(asked)
 
 
+class LeaseApiUnreachableError(LeaseApiError, ConnectionError):
+    """The lease API did not answer at all (no HTTP status: refused, no route, a name
+    that does not resolve, a timeout). Retryable; an ``OSError`` too, so the loops
+    that ride out a restarting pool server (heartbeat, replace) go on handling it."""
+
+    def __init__(self, url: str, cause: BaseException) -> None:
+        why = getattr(cause, "reason", None) or cause
+        super().__init__(
+            0, {"error": str(why), "reason": "unreachable", "retryable": True}, url,
+            f"the pool's lease API at {url} did not answer ({type(why).__name__}: "
+            f"{why}): check the URL names the pool's head service and lease port "
+            "(http://<pool>-head-svc:8267 in the cluster, in the pool's namespace); from "
+            "outside the cluster, that `kubectl port-forward svc/<pool>-head-svc "
+            "8267:8267` is running and the URL is http://127.0.0.1:8267")
+
+
 class LeaseApi:
     """``POST`` JSON to a pool's lease API with its bearer token (the stdlib's urllib)."""
 
     def __init__(self, url: str, token: str | bytes) -> None:
         self.url = url.rstrip("/")
         raw = token.decode() if isinstance(token, bytes) else token
-        self._auth = "Bearer " + raw.strip()
+        self._token = raw.strip()
+        self._auth = "Bearer " + self._token
+
+    def dialer(self, target: relay.RelayTarget) -> relay.RelayDialer:
+        """Opens ``target``'s channel through the pool server's relay (same port, token)."""
+        return relay.RelayDialer(self.url, self._token, target)
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         url = f"{self.url}/v1/{path}"
@@ -107,6 +129,8 @@ class LeaseApi:
                 parsed = {"error": raw.decode(errors="replace")[:500]}
             raise LeaseApiError(exc.code, parsed if isinstance(parsed, dict)
                                 else {"error": str(parsed)}, url) from None
+        except (urllib.error.URLError, OSError) as exc:  # no answer: no HTTP status
+            raise LeaseApiUnreachableError(url, exc) from exc
 
 
 def read_token(token: str | bytes | None, token_file: str | None) -> str:
@@ -145,7 +169,7 @@ class TcpActor:
     actor on another node.
     """
 
-    def __init__(self, entry: dict[str, Any], epoch: int) -> None:
+    def __init__(self, entry: dict[str, Any], epoch: int, route: Route | None = None) -> None:
         self.slot = int(entry["slot"])
         self.actor_id = str(entry["actor_id"])
         self.address = str(entry["address"])
@@ -153,6 +177,9 @@ class TcpActor:
         self.epoch = epoch
         self._key = bytes.fromhex(str(entry["key"]))
         channel.parse_tcp(self.address)  # a bad address fails here, clearly
+        #: where its channels connect: the pod address, or the pool server's relay
+        self.via: str | channel.Dialer = (self.address if route is None
+                                          else route.dialer(self.slot, self.actor_id, epoch))
         self._control: channel.Channel | None = None
         self._lock = threading.Lock()
 
@@ -163,7 +190,7 @@ class TcpActor:
 
     def call(self, method: str, *args: Any) -> Any:
         if method == "open_channel":
-            return _Done((self.address, self._key))
+            return _Done((self.via, self._key))
         if method == "close":  # the pool's actor keeps its envs for the next trainer
             return _Done([])
         message = (("fenced", *args) if method == "fenced"
@@ -171,7 +198,7 @@ class TcpActor:
         with self._lock:
             try:
                 if self._control is None or self._control.closed:
-                    self._control = channel.Channel(self.address, self._key)
+                    self._control = channel.Channel(self.via, self._key)
             except (OSError, AuthenticationError) as exc:
                 # gone, or its key refused (a replacement not fenced yet): as a dead
                 # actor's call fails, so the vector env reports it and gets a replacement
@@ -186,7 +213,50 @@ class TcpActor:
                 self._control = None
 
     def __repr__(self) -> str:
-        return f"TcpActor(slot={self.slot}, {self.address})"
+        via = "" if isinstance(self.via, str) else f" {self.via}"
+        return f"TcpActor(slot={self.slot}, {self.address}{via})"
+
+
+@dataclass(frozen=True)
+class Route:
+    """A lease's actors reached through the pool server's relay
+    (:mod:`remote_env.wire.relay`), for trainers that cannot reach pod addresses."""
+
+    api: LeaseApi
+    lease_id: str
+
+    def dialer(self, slot: int, actor_id: str, epoch: int) -> relay.RelayDialer:
+        return self.api.dialer(relay.RelayTarget(self.lease_id, slot, actor_id, epoch))
+
+
+#: How long ``relay="auto"`` gives an actor's pod address to accept before it goes
+#: through the relay instead (a pod address from outside the cluster is mostly
+#: dropped silently, not refused: this is that wait).
+RELAY_PROBE_S: Final = 2.0
+
+
+def reachable(address: str, timeout_s: float = RELAY_PROBE_S) -> bool:
+    """Whether ``tcp://host:port`` accepts a connection within ``timeout_s``."""
+    where = channel.parse_tcp(address)
+    if where is None:
+        return False
+    try:
+        socket.create_connection(where, timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def choose_relay(relay_opt: bool | str, addresses: Sequence[str],
+                 probe: Callable[[str], bool] = reachable) -> bool:
+    """Whether a lease's channels go through the relay: ``relay`` as given, or for
+    "auto" when its first actor's pod address does not accept (a trainer outside the
+    cluster). Pure but for ``probe``."""
+    if relay_opt is True or relay_opt is False:
+        return relay_opt
+    if relay_opt != "auto":
+        raise ValueError(f"relay must be True, False or 'auto', got {relay_opt!r}")
+    return bool(addresses) and not probe(addresses[0])
 
 
 @dataclass(frozen=True)
@@ -278,14 +348,14 @@ class HttpLease:
                     "ttl_s": self.ttl_s, "epoch": self.epoch}
             try:
                 self._api.post("heartbeat", body, self.ttl_s / 3)
+            except OSError as exc:  # the pool server is unreachable for now: next beat
+                log.warning("lease %s: heartbeat failed: %s", self.lease_id[:8], exc)
             except LeaseApiError as exc:
                 if exc.status == 410:
                     self.lost = True
                     log.error("lease %s: lost: %s", self.lease_id[:8], exc)
                     return
                 log.warning("lease %s: heartbeat refused: %s", self.lease_id[:8], exc)
-            except OSError as exc:  # the pool server is unreachable for now: next beat
-                log.warning("lease %s: heartbeat failed: %s", self.lease_id[:8], exc)
 
     def check(self) -> None:
         if self.lost:
@@ -310,8 +380,9 @@ class HttpReplacer:
     """``actor_replacer``: the pool server replaces a failed actor; we ask and wait."""
 
     def __init__(self, api: LeaseApi, lease: HttpLease, first_env: dict[int, int],
-                 timeout_s: float) -> None:
+                 timeout_s: float, route: Route | None = None) -> None:
         self._api = api
+        self._route = route
         self._lease = lease
         self._first_env = first_env
         self._timeout_s = timeout_s
@@ -327,9 +398,15 @@ class HttpReplacer:
                     "reason": reason, "wait_s": wait_s}
             try:
                 answer = self._api.post("replace", body, wait_s + HTTP_SLACK_S)
-                actor = TcpActor(answer["actor"], self._lease.epoch)
+                actor = TcpActor(answer["actor"], self._lease.epoch, self._route)
                 self._lease.actors[actor.slot] = actor
                 return actor
+            except OSError as exc:  # the pool server restarting: ask again until the deadline
+                if time.monotonic() >= deadline:
+                    raise errors.SubEnvironmentFailedError(
+                        env, f"its actor failed ({reason}); the pool's lease API did not "
+                        f"answer: {exc}") from None
+                time.sleep(0.5)
             except LeaseApiError as exc:
                 if exc.status == 410:
                     raise errors.LeaseLostError(str(exc)) from None
@@ -337,12 +414,6 @@ class HttpReplacer:
                     raise errors.SubEnvironmentFailedError(
                         env, f"its actor failed ({reason}) and the pool did not replace it "
                         f"within {self._timeout_s:.0f}s: {exc}") from None
-            except OSError as exc:  # the pool server restarting: ask again until the deadline
-                if time.monotonic() >= deadline:
-                    raise errors.SubEnvironmentFailedError(
-                        env, f"its actor failed ({reason}); the pool's lease API did not "
-                        f"answer: {exc}") from None
-                time.sleep(0.5)
 
 
 @dataclass(frozen=True)
@@ -353,6 +424,8 @@ class HttpGrant:
     lease: HttpLease
     replacer: HttpReplacer
     options: dict[str, Any]
+    #: the channels go through the pool server's relay (not to the pod addresses)
+    relayed: bool = False
 
     def from_actors(self) -> dict[str, Any]:
         return {"actors": self.handles, "sizes": [h.num_envs for h in self.handles],
@@ -371,6 +444,7 @@ def lease_pool(
     wait_s: float = 0.0,
     replace_timeout_s: float = 300.0,
     trainer: str | None = None,
+    relay: bool | str = "auto",
     **kwargs: Any,
 ) -> HttpGrant:
     """Lease envs of pool ``name`` through its lease API at ``url``
@@ -385,6 +459,10 @@ def lease_pool(
         wait_s: the server waits up to this long for enough free envs; 0 answers at once.
         replace_timeout_s: how long a step waits for a failed actor's replacement.
         trainer: a name for this trainer in the pool's ``/status`` (default host:pid).
+        relay: open the actor channels through the pool server (one hop, on the lease
+            API's port: a trainer outside the cluster needs one port-forward) rather
+            than to the actors' pod addresses; "auto" (default): when the first actor's
+            pod address does not accept within :data:`RELAY_PROBE_S`.
         **kwargs: :class:`RemoteVectorEnv` options, as for a Ray lease.
 
     Raises:
@@ -396,6 +474,8 @@ def lease_pool(
         if key in kwargs:
             raise TypeError(f"from_pool(url=...) does not take {key!r}: it leases over HTTP, "
                             "without Ray")
+    if not (relay is True or relay is False or relay == "auto"):
+        raise ValueError(f"relay must be True, False or 'auto', got {relay!r}")
     api = LeaseApi(url, read_token(token, token_file))
     who = trainer or f"{socket.gethostname()}:{os.getpid()}"
     body = {"num_envs": num_envs, "trainer": who, "ttl_s": lease_timeout_s, "wait_s": wait_s,
@@ -405,12 +485,18 @@ def lease_pool(
     lease = HttpLease(api, answer, who, lease_timeout_s)
     try:
         options = attach_options.pool_options(name, answer["spec"], kwargs)
-        handles = [TcpActor(a, lease.epoch) for a in answer["actors"]]
+        relayed = choose_relay(relay, [str(a["address"]) for a in answer["actors"]])
+        if relayed and relay == "auto":
+            log.info("lease %s: the actors' pod addresses do not accept from here: "
+                     "through the pool server's relay at %s", lease.lease_id[:8], api.url)
+        route = Route(api, lease.lease_id) if relayed else None
+        handles = [TcpActor(a, lease.epoch, route) for a in answer["actors"]]
         lease.actors.update((h.slot, h) for h in handles)
         first_env = {h.slot: int(a["env_ids"][0]) for h, a in zip(handles, answer["actors"],
                                                                   strict=True)}
-        return HttpGrant(handles, lease, HttpReplacer(api, lease, first_env, replace_timeout_s),
-                         options)
+        return HttpGrant(handles, lease,
+                         HttpReplacer(api, lease, first_env, replace_timeout_s, route),
+                         options, relayed)
     except BaseException:
         lease.release()
         raise

@@ -152,7 +152,8 @@ class Links:
             chan = channel.Channel(*where)
         except Exception:  # a dead actor surfaces through the Ray call instead
             return None
-        same_node = channel.parse_tcp(where[0]) is None  # shared memory is per machine
+        # shared memory is per machine: a Unix socket's path only (not TCP, not a relay)
+        same_node = isinstance(where[0], str) and channel.parse_tcp(where[0]) is None
         shared = (self._open_shared(chan) if self._transport == "auto" and same_node
                   else None)
         return ChannelLink(chan, shared, self._epoch, tcp=not same_node)

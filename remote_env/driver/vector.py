@@ -426,7 +426,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         Through Ray (arguments: :func:`remote_env.driver.attach.lease_pool`), or, given
         ``url`` (the pool's lease API, ``http://<pool>-head-svc:8267``), over HTTP
         and TCP with no Ray in this process (arguments, ``token``/``token_file``
-        among them: :func:`remote_env.driver.http_lease.lease_pool`).
+        among them: :func:`remote_env.driver.http_lease.lease_pool`). From outside
+        the cluster (one ``kubectl port-forward`` of the head service's lease port),
+        ``relay=True`` (or the default "auto") steps through the pool server.
 
         Example:
             >>> envs = RemoteVectorEnv.from_pool("cartpole", num_envs=16)  # doctest: +SKIP

@@ -290,6 +290,18 @@ class LeaseActor:
             self._book.extend(lease, ttl_s, now)
             return True
 
+    def lease_of(self, lease_id: str) -> dict[str, Any] | None:
+        """A lease's epoch and its actors now, ``{"epoch", "slots": [SlotInfo]}``; None:
+        no such lease (released, expired, never granted). The relay's check that a
+        connection is for a current actor of a lease its caller holds."""
+        with self._cond:
+            self._expire()
+            lease = self._book.get(lease_id)
+            if lease is None:
+                return None
+            return {"epoch": lease.epoch,
+                    "slots": [self._slots[s] for s in lease.slots if s in self._slots]}
+
     def release(self, lease_id: str) -> bool:
         """End lease ``lease_id`` (its id is the holder's proof: no one else is told it)."""
         with self._cond:

@@ -34,21 +34,24 @@ import hmac
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from remote_env import errors
+from remote_env import spec as spec_mod
 from remote_env.metrics import PoolMetrics
 from remote_env.pool import lease_rules
+from remote_env.pool import relay as relay_mod
 from remote_env.pool.slot import SlotInfo
-from remote_env.wire import protocol
+from remote_env.wire import channel, protocol, relay
 
 log = logging.getLogger(__name__)
 
 #: The lease API's port unless told otherwise (``--lease-port``, ``$ENVPOOL_LEASE_API_PORT``).
-DEFAULT_PORT: Final = 8267
+DEFAULT_PORT: Final = spec_mod.LEASE_API_PORT  # 8267
 #: The file holding the bearer token (the operator mounts the pool's Secret there).
 TOKEN_FILE_ENV: Final = "ENVPOOL_LEASE_TOKEN_FILE"
 #: The address the API binds to (in a pod: its IP or 0.0.0.0; a NetworkPolicy guards it).
@@ -245,6 +248,40 @@ class LeaseService:
                        "ask again", reason="not_yet", retryable=True,
                        server_seen_s_ago=seen)
 
+    def relay_target(self, target: relay.RelayTarget) -> tuple[str, int]:
+        """The data address to relay a connection to: the current actor of the caller's
+        lease only (never an address the caller names: the relay is no open proxy).
+
+        Raises:
+            ApiError: 404 no such lease (released or expired) or the slot is not in
+                it; 409 another epoch than the lease's, or the slot's actor was replaced.
+        """
+        found = self._leases("lease_of", target.lease_id)
+        if found is None:
+            raise ApiError(404, f"no lease {target.lease_id[:8]}... in pool {self._pool!r}: "
+                           "it was released or expired (or never granted): lease again",
+                           reason="no_lease")
+        epoch = int(found["epoch"])
+        if epoch != target.epoch:
+            raise ApiError(409, f"epoch {target.epoch} is not the lease's ({epoch}): the "
+                           "pool leased these actors again since; lease again",
+                           reason="stale_epoch")
+        slots: list[SlotInfo] = list(found["slots"])
+        info = next((s for s in slots if s.slot == target.slot), None)
+        if info is None:
+            raise ApiError(404, f"slot {target.slot} is not an actor of this lease (its "
+                           f"slots: {sorted(s.slot for s in slots)})", reason="not_leased")
+        if info.actor_id != target.actor_id:
+            raise ApiError(409, f"slot {target.slot}'s actor {target.actor_id} is not its "
+                           f"current one ({info.actor_id}): it was replaced; ask /v1/replace",
+                           reason="replaced")
+        [(address, _key)] = self._channels.open([info], epoch)
+        tcp = channel.parse_tcp(address)
+        if tcp is None:
+            raise ApiError(503, f"slot {target.slot}'s actor serves no TCP channel "
+                           f"({address!r})", reason="actor_unreachable", retryable=True)
+        return tcp
+
     # ------------------------------------------------------------ internals
     def _answer(self, grant: Mapping[str, Any], ttl_s: float) -> dict[str, Any]:
         slots: list[SlotInfo] = list(grant["slots"])
@@ -297,8 +334,10 @@ def _actor(info: SlotInfo, address: str, key: bytes, epoch: int,
 # --------------------------------------------------------------------- HTTP
 
 
-def make_app(service: LeaseService, token: bytes) -> Any:
-    """The aiohttp application: ``POST /v1/{lease,heartbeat,release,replace}``."""
+def make_app(service: LeaseService, token: bytes,
+             splicer: relay_mod.Splicer | None = None) -> Any:
+    """The aiohttp application: ``POST /v1/{lease,heartbeat,release,replace}`` and the
+    relay's upgrade, ``GET /v1/relay`` (:func:`relay_handler`; none without ``splicer``)."""
     from aiohttp import web
 
     if not token:
@@ -313,6 +352,8 @@ def make_app(service: LeaseService, token: bytes) -> Any:
         given = request.headers.get("Authorization", "").strip().encode()
         if not hmac.compare_digest(given, expected):
             what = "no Authorization header" if not given else "a wrong token"
+            if splicer is not None and request.path == relay.PATH:
+                splicer.count("refused")
             return error(ApiError(401, f"{what}: send 'Authorization: Bearer <token>' with "
                                   "the pool's lease token (Secret <pool>-lease-token, key "
                                   "'token')", reason="unauthorized"))
@@ -345,7 +386,72 @@ def make_app(service: LeaseService, token: bytes) -> Any:
     app.router.add_post("/v1/heartbeat", route(service.heartbeat))
     app.router.add_post("/v1/release", route(service.release))
     app.router.add_post("/v1/replace", route(service.replace))
+    if splicer is not None:
+        app.router.add_get(relay.PATH, relay_handler(service, splicer))
     return app
+
+
+def relay_handler(service: LeaseService, splicer: relay_mod.Splicer) -> Any:
+    """``GET /v1/relay``: check the lease, connect to its actor, answer 101 and splice.
+
+    Why the socket is taken over: aiohttp upgrades only to WebSocket; a WebSocket
+    would frame (and the client mask) every byte, and need a client library.
+    After the checks the handler takes a duplicate of the connection's socket and
+    aborts aiohttp's transport (which stops reading it at once and closes its own
+    descriptor only): from there on the connection is the relay's, and aiohttp writes
+    nothing more on it. Everything here is asyncio's public API.
+    """
+    from aiohttp import web
+
+    async def handle(request: Any) -> Any:
+        if request.headers.get("Upgrade", "").strip().lower() != relay.UPGRADE:
+            raise ApiError(426, f"the relay is an upgrade: send 'Connection: Upgrade' and "
+                           f"'Upgrade: {relay.UPGRADE}'", reason="upgrade_required")
+        try:
+            target = relay.RelayTarget.parse(request.query)
+        except ValueError as exc:
+            splicer.count("refused")
+            raise ApiError(400, str(exc), field="query") from None
+        if not splicer.reserve():
+            splicer.count("full")
+            raise ApiError(503, f"the pool server relays at most {splicer.max_connections} "
+                           "connections at once, all in use: ask again later, reach the "
+                           "actors' pod addresses directly (in the cluster), or raise "
+                           f"${relay_mod.MAX_CONNECTIONS_ENV}", reason="relay_full",
+                           retryable=True)
+        try:
+            address = await asyncio.to_thread(service.relay_target, target)
+            try:
+                actor = await asyncio.to_thread(relay_mod.connect, address)
+            except OSError as exc:
+                splicer.count("unreachable")
+                raise ApiError(503, f"slot {target.slot}'s actor at tcp://{address[0]}:"
+                               f"{address[1]} did not accept from the pool server ({exc}): "
+                               "it may have died; report it with /v1/replace",
+                               reason="actor_unreachable", retryable=True) from None
+        except ApiError as exc:
+            if exc.body.get("reason") != "actor_unreachable":
+                splicer.count("refused")
+            splicer.unreserve()
+            raise
+        except BaseException:
+            splicer.unreserve()
+            raise
+        transport = request.transport
+        try:
+            if transport is None or transport.is_closing():
+                raise ConnectionResetError("the trainer left before its relay was set up")
+            raw = transport.get_extra_info("socket")
+            trainer = socket.socket(fileno=os.dup(raw.fileno()))
+        except BaseException:
+            actor.close()
+            splicer.unreserve()
+            raise
+        transport.abort()  # aiohttp stops reading now; closes its descriptor only
+        splicer.count("relayed")
+        splicer.splice(trainer, actor, relay.response_head())
+        return web.Response(status=101)  # not sent: the transport is gone
+    return handle
 
 
 def read_token(path: str | None = None) -> bytes | None:
@@ -371,8 +477,12 @@ def read_token(path: str | None = None) -> bytes | None:
 class LeaseApiServer:
     """Runs :func:`make_app` on a daemon thread with its own event loop."""
 
-    def __init__(self, service: LeaseService, token: bytes, host: str, port: int) -> None:
-        self._app = make_app(service, token)
+    def __init__(self, service: LeaseService, token: bytes, host: str, port: int,
+                 metrics: PoolMetrics | None = None,
+                 relay_max_connections: int = relay_mod.DEFAULT_MAX_CONNECTIONS) -> None:
+        #: the relayed connections (its own threads: they outlive no server)
+        self.splicer = relay_mod.Splicer(metrics, relay_max_connections)
+        self._app = make_app(service, token, self.splicer)
         self._host = host
         self._want_port = port
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -424,6 +534,7 @@ class LeaseApiServer:
         return f"http://{host}:{self.port}"
 
     def close(self) -> None:
+        self.splicer.close()
         loop, thread = self._loop, self._thread
         if loop is not None and thread is not None and thread.is_alive():
             loop.call_soon_threadsafe(loop.stop)

@@ -58,6 +58,7 @@ from remote_env.pool import (
     lease_actor,
     lease_api,
     lease_store,
+    relay,
     slot,
     supervisor,
 )
@@ -237,8 +238,9 @@ class PoolServer:
         service = lease_api.LeaseService(
             self.spec.name, lambda method, *args: self._lease_actor_call(method, *args),
             lease_api.RayChannels(self.ray_namespace), self.metrics)
-        self._lease_api = lease_api.LeaseApiServer(service, token, self._lease_host,
-                                                   self._lease_port)
+        self._lease_api = lease_api.LeaseApiServer(
+            service, token, self._lease_host, self._lease_port, self.metrics,
+            relay.max_connections_from_env())
         self._lease_api.start()
         log.info("pool %s: lease API at %s/v1/", self.spec.name, self._lease_api.url)
 

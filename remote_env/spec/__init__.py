@@ -27,6 +27,7 @@ from remote_env.spec.fields import (
     ENV_RESOURCE,
     GROUP,
     KIND,
+    LEASE_API_PORT,
     MAX_NAME_LENGTH,
     MAX_REPLICAS,
     PLURAL,
@@ -52,7 +53,7 @@ from remote_env.spec.parse import load, loads, parse_manifest, parse_spec
 __all__ = [
     "API_VERSION", "AUTORESET_MODES", "DEFAULT_BATCH_WAIT_MS", "DEFAULT_ENVS_PER_ACTOR",
     "DEFAULT_ENVS_PER_WORKER", "DEFAULT_MAX_RESTARTS", "DEFAULT_METRICS_PORT",
-    "DEFAULT_RAY_VERSION", "ENV_RESOURCE", "GROUP", "KIND", "MAX_NAME_LENGTH", "MAX_REPLICAS",
+    "DEFAULT_RAY_VERSION", "ENV_RESOURCE", "GROUP", "KIND", "LEASE_API_PORT", "MAX_NAME_LENGTH", "MAX_REPLICAS",
     "PLURAL", "RAY_PORTS", "VERSION", "Autoscaling", "EnvSpec", "FaultTolerance", "HeadFaultTolerance",
     "HeadSpec", "Limits",
     "PoolSpec", "RaySpec", "Resources", "SpecError", "UpdateStrategy", "WorkerSpec", "load", "loads",

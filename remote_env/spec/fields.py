@@ -29,12 +29,20 @@ DEFAULT_ENVS_PER_ACTOR: Final = 8
 #: server asks one unit per env an actor hosts, so actors land on workers, never on
 #: the head. The operator's builders and the pool server both read it here.
 ENV_RESOURCE: Final = "envpool_env"
-#: Ports the Ray head container already listens on (GCS, dashboard, client, and the
-#: metrics export (8080) and dashboard agent (52365) ports KubeRay sets): the pool
-#: server shares the head pod's network, so its port must be none of them. On the real
-#: node 8080, the old default, was Ray's metrics exporter: the sidecar's readiness
-#: probe got Ray's answer and the pod turned Ready without a pool server.
-RAY_PORTS: Final = (6379, 8080, 8265, 10001, 52365)
+#: The pool server's lease API (trainers without Ray, and their relay) on the head pod;
+#: the operator declares it on the head's containers[0] (its Service port).
+LEASE_API_PORT: Final = 8267
+#: Ports the Ray head pod already listens on (GCS, dashboard, client, the metrics
+#: export (8080) and dashboard agent (52365) ports KubeRay sets, and the pool server's
+#: lease API): the pool server shares the head pod's network, so its metrics port must
+#: be none of them. On the real node 8080, the old default, was Ray's metrics
+#: exporter: the sidecar's readiness probe got Ray's answer and the pod turned Ready
+#: without a pool server; 8267 would leave the lease API or /metrics unbound.
+RAY_PORTS: Final = (6379, 8080, 8265, LEASE_API_PORT, 10001, 52365)
+#: who holds each of :data:`RAY_PORTS` (for the error that refuses one)
+HEAD_PORT_OWNERS: Final = {6379: "Ray's GCS", 8080: "Ray's metrics export",
+                           8265: "Ray's dashboard", LEASE_API_PORT: "the pool server's lease API",
+                           10001: "Ray client", 52365: "Ray's dashboard agent"}
 #: Ray's raylet, GCS and object store do not start in less.
 MIN_RAY_MEMORY_BYTES: Final = 256 * 2**20
 #: gymnasium ``AutoresetMode`` values, which the CRD spells the same way.

@@ -298,7 +298,9 @@ def parse_spec(
     port = c.integer(metrics, "spec.metrics.port")
     if port in fields.RAY_PORTS:
         taken = ", ".join(str(p) for p in fields.RAY_PORTS)
-        c.fail("spec.metrics.port", f"{port} is taken by the Ray head ({taken})")
+        c.fail("spec.metrics.port", f"{port} is taken by the Ray head ({taken}): "
+               f"{port} is {fields.HEAD_PORT_OWNERS[port]}'s; pick another (default "
+               f"{fields.FIELDS['spec.metrics.port'].default})")
     pool = model.PoolSpec(
         name=name,
         namespace=namespace,

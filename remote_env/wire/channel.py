@@ -42,7 +42,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing import AuthenticationError
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from remote_env import errors, interrupts
 from remote_env.wire import protocol
@@ -375,20 +375,34 @@ def failed_call(error: BaseException) -> ChannelCall:
     return call
 
 
+class Dialer(Protocol):
+    """Opens a connection some other way than to the actor's own address (the pool
+    server's relay, :class:`remote_env.wire.relay.RelayDialer`): the handshake and
+    frames then run over it end to end, as over a direct connection."""
+
+    def dial(self, timeout_s: float) -> socket.socket:
+        """A connected socket whose next bytes are the actor's channel hello."""
+        ...
+
+
 class Channel:
     """The driver's connection to one host actor; replies are matched by call id."""
 
-    def __init__(self, address: str, authkey: bytes,
+    def __init__(self, address: str | Dialer, authkey: bytes,
                  auth_timeout_s: float = AUTH_TIMEOUT_S) -> None:
-        """``address``: a Unix socket's path, or ``tcp://host:port``
-        (:meth:`ChannelServer.listen_tcp`)."""
-        tcp = parse_tcp(address)
-        sock = socket.socket(socket.AF_UNIX if tcp is None else socket.AF_INET,
-                             socket.SOCK_STREAM)
+        """``address``: a Unix socket's path, ``tcp://host:port``
+        (:meth:`ChannelServer.listen_tcp`), or a :class:`Dialer`."""
+        if isinstance(address, str):
+            tcp = parse_tcp(address)
+            sock = socket.socket(socket.AF_UNIX if tcp is None else socket.AF_INET,
+                                 socket.SOCK_STREAM)
+        else:
+            tcp, sock = None, address.dial(auth_timeout_s)
         try:
             sock.settimeout(auth_timeout_s)
-            sock.connect(address if tcp is None else tcp)
-            if tcp is not None:  # frames are small and answered at once: no Nagle delay
+            if isinstance(address, str):
+                sock.connect(address if tcp is None else tcp)
+            if sock.family != socket.AF_UNIX:  # frames are small, answered at once: no Nagle
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             protocol.client_handshake(sock, authkey)
             sock.settimeout(None)

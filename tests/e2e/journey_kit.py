@@ -16,11 +16,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import re
+import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -258,8 +261,10 @@ t0 = time.monotonic()
 # the Ray client connection first, with patience whatever wait_s is: wait_s=0 asks for
 # free envs at once, and a head busy starting this client's server is not "no envs"
 ray_connect.connect(address, default="auto", wait_s=max(wait_s, 120.0))
+# TRANSPORT=ray: Ray calls only, as a trainer that cannot reach pod addresses gets
 envs = RemoteVectorEnv.from_pool(
-    pool, num_envs=int(sys.argv[2]), wait_s=wait_s, trainer=os.environ.get("TRAINER", "trainer"))
+    pool, num_envs=int(sys.argv[2]), wait_s=wait_s, trainer=os.environ.get("TRAINER", "trainer"),
+    transport=os.environ.get("TRANSPORT", "auto"))
 attached = time.monotonic() - t0
 attached_at = time.time()
 slots = sorted(int(x) for x in envs.slots)
@@ -284,6 +289,25 @@ print(json.dumps({"steps": steps, "episodes": episodes, "errors": errors, "attac
                   "first_step_s": first_step, "steps_per_s": rate, "num_envs": envs.num_envs,
                   "slots": slots}))
 """
+
+
+@contextlib.contextmanager
+def port_forward(kube: Any, namespace: str, target: str, port: int) -> Iterator[int]:
+    """``kubectl port-forward <target> :<port>`` from this machine, as from a laptop;
+    yields the local port (on 127.0.0.1), stops it on exit."""
+    forward = subprocess.Popen(
+        [str(kube.kubectl_path), "--kubeconfig", str(kube.kubeconfig), "port-forward", "-n",
+         namespace, target, f":{port}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:<port> -> <port>"
+        local = line.split("127.0.0.1:", 1)[1].split()[0] if "127.0.0.1:" in line else ""
+        assert local.isdigit(), f"kubectl port-forward said {line!r}"
+        yield int(local)
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
 
 
 def placed(spec: dict[str, Any]) -> dict[str, Any]:

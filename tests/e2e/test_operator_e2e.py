@@ -716,6 +716,7 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
     ("bad-enum", {"autoresetMode": "Sometimes"},
      'spec.autoresetMode: Unsupported value: "Sometimes"'),
     ("ray-port", {"metrics": {"port": 6379}}, "metrics.port must not be a Ray head port"),
+    ("lease-port", {"metrics": {"port": 8267}}, "metrics.port must not be a Ray head port"),
     ("low-port", {"metrics": {"port": 80}}, "should be greater than or equal to 1024"),
     ("bad-version", {"ray": {"version": "latest"}}, "ray.version must be a Ray release"),
     ("bad-batch", {"batchWaitMs": -1}, "should be greater than or equal to 0"),

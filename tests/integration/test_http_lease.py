@@ -6,6 +6,7 @@ actors, aiohttp, SIGKILL of an actor, a subprocess whose ``import ray`` fails.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -32,7 +33,7 @@ from remote_env import RemoteVectorEnv, spec
 from remote_env.driver.http_lease import LeaseApi, LeaseApiError
 from remote_env.pool import lease_actor
 from remote_env.pool.server import PoolServer
-from remote_env.wire import channel, protocol
+from remote_env.wire import channel, protocol, relay
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -192,6 +193,122 @@ def test_bad_input_is_refused_clearly_and_disturbs_no_one(pool: PoolServer) -> N
     _free(pool, 16)
 
 
+def _relayed(server: PoolServer, outcome: str = "relayed") -> float:
+    return server.registry.get_sample_value(
+        "envpool_relay_connections_total", {"pool": "httppool", "outcome": outcome}) or 0.0
+
+
+def test_a_trainer_through_the_relay_steps_as_one_stepping_directly(pool: PoolServer) -> None:
+    """Two trainers of 8 envs each, one through the pool server's relay and one to the
+    pod addresses, with the same seeds and actions: the same steps, step for step."""
+    seeds = list(range(200, 208))
+    actions = np.random.default_rng(1).integers(0, 2, size=(300, 8))
+    before = _relayed(pool)
+    relayed = _attach(pool, 8, relay=True)
+    direct = _attach(pool, 8, relay=False)
+    try:
+        assert set(relayed.lease.slots).isdisjoint(direct.lease.slots)
+        got_obs, _ = relayed.reset(seed=seeds)
+        want_obs, _ = direct.reset(seed=seeds)
+        np.testing.assert_array_equal(got_obs, want_obs)
+        assert all(h.channel and h.tcp and not h.shared for h in relayed.hosts())
+        # each of the relayed trainer's actors: its control channel and its data channel
+        assert _relayed(pool) - before == 2 * len(relayed.hosts())
+        for a in actions:  # 300 steps: every env terminates and autoresets at least once
+            got = relayed.step(a)
+            want = direct.step(a)
+            for g, w in zip(got[:4], want[:4], strict=True):
+                np.testing.assert_array_equal(g, w)
+            assert "error" not in got[4]
+        bytes_out = pool.registry.get_sample_value(
+            "envpool_relay_bytes_total", {"pool": "httppool", "direction": "to_trainer"})
+        assert bytes_out is not None and bytes_out > 300 * 8 * 4 * 4  # the observations
+    finally:
+        relayed.close()
+        direct.close()
+    _free(pool, 16)
+
+
+def test_the_relay_refuses_what_is_not_a_current_actor_of_a_held_lease(
+        pool: PoolServer) -> None:
+    assert pool.lease_url is not None
+    holder = _attach(pool, 8, relay=True)  # a relayed trainer stepping all along
+    api = LeaseApi(pool.lease_url, TOKEN)
+    try:
+        holder.reset(seed=1)
+        lease = api.post("lease", {"num_envs": 4}, 10)
+        actor = lease["actors"][0]
+        target = relay.RelayTarget(lease["lease_id"], actor["slot"], actor["actor_id"],
+                                   lease["epoch"])
+        key = bytes.fromhex(actor["key"])
+        # through the relay, the actor is this lease's as it is directly
+        chan = channel.Channel(api.dialer(target), key)
+        described = channel.get(chan.call(("fenced", lease["epoch"], "describe")), None)
+        assert described["num_envs"] == actor["num_envs"]
+        chan.close()
+        with pytest.raises(relay.RelayRefusedError, match="HTTP 401: a wrong token"):
+            channel.Channel(LeaseApi(pool.lease_url, "nope").dialer(target), key)
+        # an actor of the pool, but another trainer's: no relay to it
+        other = holder.lease.slots[0]
+        with pytest.raises(relay.RelayRefusedError,
+                           match=f"slot {other} is not an actor of this lease") as exc:
+            channel.Channel(api.dialer(dataclasses.replace(target, slot=other)), key)
+        assert exc.value.status == 404
+        with pytest.raises(relay.RelayRefusedError, match="is not the lease's") as exc:
+            channel.Channel(api.dialer(dataclasses.replace(target, epoch=target.epoch - 1)),
+                            key)
+        assert exc.value.status == 409
+        # a stale epoch after release: the lease is gone, nothing is relayed for it
+        api.post("release", {"lease_id": lease["lease_id"]}, 10)
+        with pytest.raises(relay.RelayRefusedError, match="released or expired") as exc:
+            channel.Channel(api.dialer(target), key)
+        assert exc.value.status == 404
+        assert _relayed(pool, "refused") >= 4
+        # nothing disturbed the relayed trainer stepping all along
+        for _ in range(3):
+            _, _, _, _, info = holder.step(np.zeros(8, dtype=np.int64))
+            assert "error" not in info
+    finally:
+        holder.close()
+    _free(pool, 16)
+
+
+def test_a_relayed_trainers_killed_actor_gives_a_truncated_step_then_its_replacement(
+        pool: PoolServer) -> None:
+    envs = _attach(pool, 8, relay=True)
+    try:
+        envs.reset(seed=0)
+        envs.step(np.zeros(8, dtype=np.int64))
+        victim = envs.hosts()[1]
+        old_actor = victim.handle.actor_id
+        assert not isinstance(victim.handle.via, str)  # through the relay
+        layout = lease_actor.PoolLayout.read(
+            ray.get(lease_actor.get_lease_actor(pool.ray_namespace).layout.remote()))
+        name = next(s.actor_name for s in layout.slots if s.actor_id == old_actor)
+        pid = ray.get(ray.get_actor(name, namespace=pool.ray_namespace).ping.remote())
+        os.kill(pid, signal.SIGKILL)
+        _, _, term, trunc, info = envs.step(np.zeros(8, dtype=np.int64))
+        dead = victim.env_ids
+        assert trunc[dead].all() and not term[dead].any()
+        assert all(str(info["error"][i]).startswith("actor_died") for i in dead), info
+        assert not trunc[envs.hosts()[0].env_ids].any()
+        deadline = time.monotonic() + 60
+        while True:
+            _, _, _, trunc, info = envs.step(np.zeros(8, dtype=np.int64))
+            if envs.hosts()[1].handle.actor_id != old_actor and "error" not in info:
+                break
+            assert time.monotonic() < deadline, "no replacement within 60 s"
+        # the replacement is reached through the relay too
+        assert not isinstance(envs.hosts()[1].handle.via, str)
+        for _ in range(5):
+            _, _, _, trunc, info = envs.step(np.zeros(8, dtype=np.int64))
+            assert "error" not in info
+        assert envs.restart_counts.tolist() == [0] * 4 + [1] * 4
+    finally:
+        envs.close()
+    _free(pool, 16)
+
+
 RAY_FREE_TRAINER = textwrap.dedent("""
     import importlib.abc, importlib.util, json, sys
 
@@ -207,8 +324,9 @@ RAY_FREE_TRAINER = textwrap.dedent("""
     import numpy as np
     from remote_env import RemoteVectorEnv
 
+    relay = {"auto": "auto", "relay": True}[sys.argv[3] if len(sys.argv) > 3 else "auto"]
     envs = RemoteVectorEnv.from_pool("httppool", url=sys.argv[1], token_file=sys.argv[2],
-                                     num_envs=4)
+                                     num_envs=4, relay=relay)
     obs, _ = envs.reset(seed=7)
     total = 0.0
     for _ in range(50):
@@ -220,16 +338,20 @@ RAY_FREE_TRAINER = textwrap.dedent("""
 """)
 
 
-def test_a_trainer_runs_with_ray_blocked(pool: PoolServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("route", ["auto", "relay"])
+def test_a_trainer_runs_with_ray_blocked(pool: PoolServer, tmp_path: Path, route: str) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
+    relayed = _relayed(pool)
     proc = subprocess.run([sys.executable, "-c", RAY_FREE_TRAINER, str(pool.lease_url),
-                           str(token_file)], capture_output=True, text=True, timeout=120,
+                           str(token_file), route], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["ray"] is False and out["shape"] == [4, 4] and out["reward"] > 0
     assert out["ray_installed"] is True  # blocked, not absent: the next test has it absent
+    # "auto" reaches the actors here directly; "relay" through the pool server
+    assert (_relayed(pool) > relayed) is (route == "relay")
     _free(pool, 16)
 
 

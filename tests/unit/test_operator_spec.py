@@ -91,6 +91,8 @@ def _errors(raw: dict[str, Any], name: str = "cp", **kw: Any) -> list[str]:
         (_spec(threadsPerActor=0), "spec.threadsPerActor: must be in [1, 1024], got 0"),
         (_spec(autoresetMode="Sometimes"), "expected one of NextStep, SameStep, Disabled"),
         (_spec(metrics={"port": 6379}), "taken by the Ray head"),
+        # the lease API's port on the head: /metrics and the lease API cannot share it
+        (_spec(metrics={"port": 8267}), "8267 is the pool server's lease API's; pick another"),
         (_spec(metrics={"port": 80}), "must be in [1024, 65535]"),
         (_spec(ray={"version": "latest"}), "expected a Ray release"),
         (_spec(ray={"image": "bad image"}), "no whitespace"),

@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from remote_env.pool.attach import attach
 
 from remote_env import spec
 from remote_env.pool import registry as registry_mod
 from remote_env.pool import registry_store
-from remote_env.pool.attach import attach
 from remote_env.pool.server import PoolServer
 from remote_env.pool.slot import SlotInfo
 

@@ -164,9 +164,9 @@ def build_config_map(pool: spec_mod.PoolSpec) -> dict[str, Any]:
     }
 
 
-def _scale_strategy(workers_to_delete: Sequence[str]) -> dict[str, Any]:
+def _scale_strategy(workers_to_delete: Sequence[str], generation: int) -> dict[str, Any]:
     """A worker group's ``scaleStrategy`` as KubeRay writes it back: ``{}`` when no pod is
-    to go.
+    to go (render generation 2 on; generation 1 keeps its ``[]``, below).
 
     KubeRay's Go type has ``workersToDelete,omitempty``: its every full Update of the
     RayCluster (the GCS fault-tolerance finalizer, added once) stores ``{}`` for our
@@ -177,10 +177,17 @@ def _scale_strategy(workers_to_delete: Sequence[str]) -> dict[str, Any]:
     the apply a no-op. Not in the pods: KubeRay's Recreate hash leaves
     ``workersToDelete`` out, so this changes no pod of any render generation.
 
-        >>> _scale_strategy([]), _scale_strategy(["w-1"])
-        ({}, {'workersToDelete': ['w-1']})
+    Generation 1 keeps the ``[]`` its operators applied: it has no fault tolerance, so
+    KubeRay never rewrites its spec, and dropping the list from our apply would change
+    the spec (a generation) of every pool an older operator made, which an upgrade
+    must not (``tests/e2e/test_upgrade_walk.py``).
+
+        >>> _scale_strategy([], 2), _scale_strategy(["w-1"], 2), _scale_strategy([], 1)
+        ({}, {'workersToDelete': ['w-1']}, {'workersToDelete': []})
     """
-    return {"workersToDelete": list(workers_to_delete)} if workers_to_delete else {}
+    if workers_to_delete or generation < GCS_FT_GENERATION:
+        return {"workersToDelete": list(workers_to_delete)}
+    return {}
 
 
 def _ray_cluster_spec(
@@ -225,7 +232,7 @@ def _ray_cluster_spec(
             "template": worker,
             # The pods to remove when the group shrinks (worker_plan): never one that
             # hosts a leased env. KubeRay deletes them whatever replicas says.
-            "scaleStrategy": _scale_strategy(workers_to_delete),
+            "scaleStrategy": _scale_strategy(workers_to_delete, render.generation),
         }],
     }
     if pool.ray.token_auth:

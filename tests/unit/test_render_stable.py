@@ -146,7 +146,7 @@ def _dropped_by_kuberay(node: Any, path: str = "spec") -> list[str]:
     return []
 
 
-@pytest.mark.parametrize("generation", sorted({1, builders.RENDER_GENERATION}))
+@pytest.mark.parametrize("generation", sorted({builders.GCS_FT_GENERATION, builders.RENDER_GENERATION}))
 @pytest.mark.parametrize("key", sorted(DOCUMENTS))
 def test_kuberay_writes_back_the_ray_cluster_the_operator_applies(key: str, generation: int) -> None:
     """KubeRay's full Updates of the RayCluster (the GCS fault-tolerance finalizer)
@@ -154,10 +154,24 @@ def test_kuberay_writes_back_the_ray_cluster_the_operator_applies(key: str, gene
     server-side apply adds again: a spec change, a generation KubeRay must observe again
     before the pool is Ready. Checked once against KubeRay 1.6.2's own types (every
     RayCluster of these goldens unmarshalled and marshalled again in Go: identical specs
-    but for an empty ``workersToDelete``); this keeps the renders in that shape."""
+    but for an empty ``workersToDelete``); this keeps the renders in that shape.
+    From the generation that brought fault tolerance on: generation 1 has no finalizer,
+    so KubeRay never writes its spec back, and it keeps the ``[]`` its operators applied
+    (dropping it would change every older pool's spec on upgrade; see the next test)."""
     name, raw = DOCUMENTS[key]
     pool = spec.parse_spec(raw, name=name, namespace="team-a")
     render = builders.Render(generation, SETTINGS.image)
     for workers in (None, (3, ["w-a"])):
         rc = builders.build_ray_cluster(pool, SETTINGS, workers=workers, render=render)
         assert _dropped_by_kuberay(rc["spec"]) == [], (key, workers)
+
+
+@pytest.mark.parametrize("key", sorted(DOCUMENTS))
+def test_generation_1_keeps_its_empty_workers_to_delete(key: str) -> None:
+    """The generation-1 operators applied ``scaleStrategy: {workersToDelete: []}``; an
+    apply without it would remove the field (server-side apply drops what its manager no
+    longer sends): a spec change on every pool an older operator made, at upgrade."""
+    name, raw = DOCUMENTS[key]
+    pool = spec.parse_spec(raw, name=name, namespace="team-a")
+    rc = builders.build_ray_cluster(pool, SETTINGS, render=builders.Render(1, SETTINGS.image))
+    assert [g["scaleStrategy"] for g in rc["spec"]["workerGroupSpecs"]] == [{"workersToDelete": []}]

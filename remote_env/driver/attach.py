@@ -281,7 +281,8 @@ def lease_pool(
     """
     attach_options.check_kwargs(kwargs, lease_timeout_s)
     # before a lease is taken: a typo costs nobody's envs
-    asked = None if autoreset_mode is None else _autoreset_mode(name, autoreset_mode)
+    asked = (None if autoreset_mode is None
+             else attach_options.autoreset_mode(name, autoreset_mode))
     # the local Ray / in-cluster head; a head still starting is waited for like the pool
     ray_connect.connect(address, default="auto", wait_s=wait_s)
     ns = namespace or spec_mod.ray_namespace(name)
@@ -380,19 +381,6 @@ def _acquire(registry: Any, who: str, num_envs: int | None, ttl_s: float,
                     f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                     "it restarts on its own: attach again, or give wait_s") from exc
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-
-
-def _autoreset_mode(name: str, asked: str | AutoresetMode) -> AutoresetMode:
-    """``asked`` as an ``AutoresetMode`` (the enum or its value), or a ValueError saying
-    what the pool can serve."""
-    try:
-        return AutoresetMode(asked)
-    except ValueError:
-        modes = ", ".join(repr(m) for m in spec_mod.AUTORESET_MODES)
-        raise ValueError(
-            f"from_pool({name!r}, autoreset_mode={asked!r}): not a gymnasium AutoresetMode; "
-            f"a pool serves each lease in the mode its trainer asks for: one of {modes} "
-            "(or gymnasium.vector.AutoresetMode.NEXT_STEP, ...)") from None
 
 
 def serve_mode(name: str, handles: Sequence[Any], epoch: int, mode: AutoresetMode,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from gymnasium.vector import AutoresetMode
+
 from remote_env import spec as spec_mod
 
 #: RemoteVectorEnv arguments the pool decides: its actors already exist.
@@ -23,6 +25,19 @@ def check_kwargs(kwargs: dict[str, Any], lease_timeout_s: float) -> None:
             raise TypeError(f"from_pool() does not take {key!r}: the pool's actors are used as-is")
     if lease_timeout_s <= 0:
         raise ValueError(f"lease_timeout_s must be > 0, got {lease_timeout_s}")
+
+
+def autoreset_mode(name: str, asked: str | AutoresetMode) -> AutoresetMode:
+    """``asked`` as an ``AutoresetMode`` (the enum or its value), or a ValueError saying
+    what the pool can serve. Checked before a lease is taken (a typo costs nobody's envs)."""
+    try:
+        return AutoresetMode(asked)
+    except ValueError:
+        modes = ", ".join(repr(m) for m in spec_mod.AUTORESET_MODES)
+        raise ValueError(
+            f"from_pool({name!r}, autoreset_mode={asked!r}): not a gymnasium AutoresetMode; "
+            f"a pool serves each lease in the mode its trainer asks for: one of {modes} "
+            "(or gymnasium.vector.AutoresetMode.NEXT_STEP, ...)") from None
 
 
 def pool_options(name: str, document: Any, kwargs: dict[str, Any],

@@ -42,7 +42,10 @@ from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from typing import Any, Final
 
+from gymnasium.vector import AutoresetMode
+
 from remote_env import errors
+from remote_env import spec as spec_mod
 from remote_env.driver import attach_options
 from remote_env.wire import channel, protocol, relay
 
@@ -380,9 +383,13 @@ class HttpReplacer:
     """``actor_replacer``: the pool server replaces a failed actor; we ask and wait."""
 
     def __init__(self, api: LeaseApi, lease: HttpLease, first_env: dict[int, int],
-                 timeout_s: float, route: Route | None = None) -> None:
+                 timeout_s: float, route: Route | None = None,
+                 autoreset_mode: str | None = None) -> None:
         self._api = api
         self._route = route
+        #: the mode the trainer asked for (None: the spec's): the replacement, built in
+        #: the pool's own, serves the lease in it too
+        self._mode = autoreset_mode
         self._lease = lease
         self._first_env = first_env
         self._timeout_s = timeout_s
@@ -396,6 +403,8 @@ class HttpReplacer:
             body = {"lease_id": self._lease.lease_id, "slot": failed.slot,
                     "actor_id": failed.actor_id, "epoch": self._lease.epoch,
                     "reason": reason, "wait_s": wait_s}
+            if self._mode is not None:
+                body["autoreset_mode"] = self._mode
             try:
                 answer = self._api.post("replace", body, wait_s + HTTP_SLACK_S)
                 actor = TcpActor(answer["actor"], self._lease.epoch, self._route)
@@ -445,6 +454,7 @@ def lease_pool(
     replace_timeout_s: float = 300.0,
     trainer: str | None = None,
     relay: bool | str = "auto",
+    autoreset_mode: str | AutoresetMode | None = None,
     **kwargs: Any,
 ) -> HttpGrant:
     """Lease envs of pool ``name`` through its lease API at ``url``
@@ -463,11 +473,15 @@ def lease_pool(
             API's port: a trainer outside the cluster needs one port-forward) rather
             than to the actors' pod addresses; "auto" (default): when the first actor's
             pod address does not accept within :data:`RELAY_PROBE_S`.
+        autoreset_mode: the gymnasium ``AutoresetMode`` (or its value) the leased actors
+            serve this lease in, as for a Ray lease; None: the pool spec's.
         **kwargs: :class:`RemoteVectorEnv` options, as for a Ray lease.
 
     Raises:
         LeaseApiError: the API refused (``retryable``: too few free envs, with
             ``free_envs``/``asked_envs``, or the pool not ready); 401 a wrong token.
+        ValueError: ``autoreset_mode`` is not a mode (before any lease), or the pool's
+            lease API or actors predate per-lease modes and serve only the spec's.
     """
     attach_options.check_kwargs(kwargs, lease_timeout_s)
     for key in ("address", "namespace", "reclaim"):
@@ -476,15 +490,21 @@ def lease_pool(
                             "without Ray")
     if not (relay is True or relay is False or relay == "auto"):
         raise ValueError(f"relay must be True, False or 'auto', got {relay!r}")
+    # before a lease is taken: a typo costs nobody's envs
+    asked = (None if autoreset_mode is None
+             else attach_options.autoreset_mode(name, autoreset_mode).value)
     api = LeaseApi(url, read_token(token, token_file))
     who = trainer or f"{socket.gethostname()}:{os.getpid()}"
     body = {"num_envs": num_envs, "trainer": who, "ttl_s": lease_timeout_s, "wait_s": wait_s,
             # ours: a retry of a request whose answer was lost is the same lease
             "lease_id": os.urandom(16).hex(), "protocol": protocol.VERSION}
+    if asked is not None:
+        body["autoreset_mode"] = asked
     answer = api.post("lease", body, wait_s + HTTP_SLACK_S)
     lease = HttpLease(api, answer, who, lease_timeout_s)
     try:
-        options = attach_options.pool_options(name, answer["spec"], kwargs)
+        mode = granted_mode(name, api.url, asked, answer)
+        options = attach_options.pool_options(name, answer["spec"], kwargs, mode=mode)
         relayed = choose_relay(relay, [str(a["address"]) for a in answer["actors"]])
         if relayed and relay == "auto":
             log.info("lease %s: the actors' pod addresses do not accept from here: "
@@ -495,8 +515,33 @@ def lease_pool(
         first_env = {h.slot: int(a["env_ids"][0]) for h, a in zip(handles, answer["actors"],
                                                                   strict=True)}
         return HttpGrant(handles, lease,
-                         HttpReplacer(api, lease, first_env, replace_timeout_s, route),
+                         HttpReplacer(api, lease, first_env, replace_timeout_s, route, mode),
                          options, relayed)
     except BaseException:
         lease.release()
         raise
+
+
+def granted_mode(name: str, url: str, asked: str | None, answer: dict[str, Any]) -> str | None:
+    """The autoreset mode the lease is served in (None: the spec's, nothing asked).
+
+    A lease API before per-lease modes ignores ``autoreset_mode`` and names none in its
+    answer: its actors serve the spec's mode only, which is fine when that was asked.
+
+    Raises:
+        ValueError: the pool granted another mode than ``asked``.
+    """
+    if asked is None:
+        return None
+    served = answer.get("autoreset_mode")
+    if served == asked:
+        return asked
+    spec_mode = spec_mod.parse_manifest(answer["spec"]).autoreset_mode
+    if served is None and spec_mode == asked:
+        return asked
+    raise ValueError(
+        f"pool {name!r} cannot serve autoreset_mode={asked!r} over HTTP: its lease API at "
+        f"{url} " + ("predates per-lease autoreset modes (its answer names no "
+                     "autoreset_mode)" if served is None else f"granted {served!r}")
+        + f" and serves the spec's {spec_mode!r} only; ask for {spec_mode!r} (or leave "
+        "autoreset_mode out), or update the pool")

@@ -110,6 +110,17 @@ def _seconds(body: Mapping[str, Any], name: str, default: float, *, low: float,
     return value
 
 
+def _autoreset_mode(body: Mapping[str, Any]) -> str | None:
+    """``autoreset_mode``: a gymnasium ``AutoresetMode`` value, or None (absent or null:
+    the pool spec's)."""
+    mode: str | None = _field(body, "autoreset_mode", str, default=None, allow_none=True)
+    if mode is not None and mode not in spec_mod.AUTORESET_MODES:
+        modes = ", ".join(repr(m) for m in spec_mod.AUTORESET_MODES)
+        raise bad_request("autoreset_mode", f"must be one of {modes} (gymnasium "
+                          f"AutoresetMode values) or null for the pool spec's, got {mode!r}")
+    return mode
+
+
 @dataclasses.dataclass(frozen=True)
 class LeaseRequest:
     num_envs: int | None
@@ -117,6 +128,8 @@ class LeaseRequest:
     ttl_s: float
     wait_s: float
     lease_id: str | None
+    #: the mode the leased actors serve this lease in; None: the pool spec's
+    autoreset_mode: str | None = None
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> LeaseRequest:
@@ -133,7 +146,7 @@ class LeaseRequest:
             raise bad_request("lease_id", "must be 16 to 64 characters (a random id of yours)")
         return cls(num_envs, _field(body, "trainer", str, default="http-trainer")[:200],
                    _seconds(body, "ttl_s", DEFAULT_TTL_S, low=0, high=86400, open_low=True),
-                   _seconds(body, "wait_s", 0.0, low=0), lease_id)
+                   _seconds(body, "wait_s", 0.0, low=0), lease_id, _autoreset_mode(body))
 
 
 def _lease_id(body: Mapping[str, Any]) -> str:
@@ -159,6 +172,15 @@ class Channels(Protocol):
     def open(self, slots: Sequence[SlotInfo], epoch: int) -> list[tuple[str, bytes]]:
         """Each actor's ``tcp://host:port`` and channel key, its fence raised to ``epoch``
         (so the lease's key is the one it takes)."""
+        ...
+
+    def serve_mode(self, slots: Sequence[SlotInfo], epoch: int, mode: str) -> None:
+        """Have the actors serve lease ``epoch`` in autoreset ``mode`` (the actor call a
+        Ray trainer makes at attach, ``lease_mode``).
+
+        Raises:
+            ApiError: 409, an actor predates per-lease modes.
+        """
         ...
 
 
@@ -195,7 +217,7 @@ class LeaseService:
                     raise self._exhausted(str(exc), req.num_envs) from None
             self._sleep(min(_RETRY_S, max(0.0, deadline - self._clock())))
         try:
-            answer = self._answer(grant, req.ttl_s)
+            answer = self._answer(grant, req.ttl_s, req.autoreset_mode)
         except Exception:
             self._leases("release", grant["lease_id"])  # no half-handed lease
             raise
@@ -226,6 +248,9 @@ class LeaseService:
         epoch = _field(body, "epoch", int)
         reason = _field(body, "reason", str, default="actor_died")[:500]
         wait_s = _seconds(body, "wait_s", 30.0, low=0)
+        # the lease's mode (the server keeps no lease state): the replacement starts in
+        # the pool's own and must serve this lease in the one its trainer asked for
+        mode = _autoreset_mode(body)
         try:
             self._leases("request_replace", slot, actor_id, reason, lease_id)
             res = self._leases("wait_for_replacement", slot, actor_id, wait_s, lease_id)
@@ -235,7 +260,11 @@ class LeaseService:
         if "slot" in res:
             info: SlotInfo = res["slot"]
             [(address, key)] = self._channels.open([info], epoch)
-            return {"actor": _actor(info, address, key, epoch, first_env=None)}
+            out: dict[str, Any] = {"actor": _actor(info, address, key, epoch, first_env=None)}
+            if mode is not None:
+                self._channels.serve_mode([info], epoch, mode)
+                out["autoreset_mode"] = mode
+            return out
         if "removed" in res:
             raise ApiError(404, f"the pool scaled away slot {slot}: lease again for new envs",
                            reason="removed")
@@ -283,20 +312,28 @@ class LeaseService:
         return tcp
 
     # ------------------------------------------------------------ internals
-    def _answer(self, grant: Mapping[str, Any], ttl_s: float) -> dict[str, Any]:
+    def _answer(self, grant: Mapping[str, Any], ttl_s: float,
+                mode: str | None) -> dict[str, Any]:
         slots: list[SlotInfo] = list(grant["slots"])
         epoch = int(grant["epoch"])
         where = self._channels.open(slots, epoch)
+        pool_info = grant["pool_info"]
+        if mode is not None:  # asked for; else the fence left them in the pool's own
+            self._channels.serve_mode(slots, epoch, mode)
         actors = []
         first = 0
         for info, (address, key) in zip(slots, where, strict=True):
             actors.append(_actor(info, address, key, epoch, first_env=first))
             first += info.num_envs
-        info = grant["pool_info"]
+        document = pool_info.get("document")
+        # the mode granted, said back: a client asking for one can tell this server from
+        # one before per-lease modes (which ignores the field and serves the spec's)
+        served = mode or (spec_mod.parse_manifest(document).autoreset_mode
+                          if document is not None else None)
         return {"lease_id": grant["lease_id"], "epoch": epoch, "pool": self._pool,
                 "ttl_s": ttl_s, "protocol": protocol.VERSION, "api": API_VERSION,
-                "num_envs": first, "actors": actors,
-                "spec": info.get("document"), "revision": info.get("revision")}
+                "num_envs": first, "actors": actors, "autoreset_mode": served,
+                "spec": document, "revision": pool_info.get("revision")}
 
     def _exhausted(self, why: str, asked: int | None) -> ApiError:
         free, total = self._free_envs()
@@ -577,3 +614,21 @@ class RayChannels:
                     raise RuntimeError(f"actor {s.actor_name} serves no TCP channel")
                 self._known[s.actor_id] = (str(where[0]), bytes(where[1]))
             return [self._known[s.actor_id] for s in slots]
+
+    def serve_mode(self, slots: Sequence[SlotInfo], epoch: int, mode: str) -> None:
+        """Each actor's ``lease_mode(epoch, mode)``: the call a Ray trainer makes at attach
+        (:func:`remote_env.driver.attach.serve_mode`), so both serve a lease's mode alike."""
+        import ray
+
+        refs: list[Any] = []
+        for s in slots:
+            handle = ray.get_actor(s.actor_name, namespace=self._namespace)
+            try:
+                refs.append(handle.lease_mode.remote(epoch, mode))
+            except AttributeError:  # an actor of an older version: no such method
+                raise ApiError(
+                    409, f"slot {s.slot}'s actor predates per-lease autoreset modes and "
+                    f"serves only the pool spec's: leave autoreset_mode out (or ask for the "
+                    f"spec's), or update the pool", reason="mode_unsupported",
+                    field="autoreset_mode") from None
+        ray.get(refs, timeout=self._timeout_s)

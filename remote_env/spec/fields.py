@@ -43,6 +43,44 @@ RAY_PORTS: Final = (6379, 8080, 8265, LEASE_API_PORT, 10001, 52365)
 HEAD_PORT_OWNERS: Final = {6379: "Ray's GCS", 8080: "Ray's metrics export",
                            8265: "Ray's dashboard", LEASE_API_PORT: "the pool server's lease API",
                            10001: "Ray client", 52365: "Ray's dashboard agent"}
+#: Port ranges (inclusive) the head pod's Ray binds besides :data:`RAY_PORTS`, and who
+#: holds them: the operator's head ``rayStartParams`` leave ``ray start``'s worker
+#: port range as it is (``--min-worker-port 10002 --max-worker-port 19999``: the pool
+#: server's driver, the lease actor and other workers on the head take ports from it),
+#: and its Ray client server (10001) starts a server per connected trainer on
+#: 23000-23999 (``ray.util.client.server.proxier``). Ray's other ports on the head
+#: (raylet, object manager, agents' gRPC) are picked at random at start: no fixed
+#: port to refuse.
+HEAD_PORT_RANGES: Final = ((10002, 19999, "Ray's worker processes (ray start's default "
+                                          "--min-worker-port/--max-worker-port)"),
+                           (23000, 23999, "Ray client's per-trainer servers"))
+
+
+def head_port_owner(port: int) -> str | None:
+    """Who holds ``port`` on the Ray head pod (:data:`RAY_PORTS`,
+    :data:`HEAD_PORT_RANGES`), said as "<port> is ...", None if nothing there binds it."""
+    if port in HEAD_PORT_OWNERS:
+        return f"{HEAD_PORT_OWNERS[port]}'s"
+    for low, high, owner in HEAD_PORT_RANGES:
+        if low <= port <= high:
+            return f"in the range {low}-{high} of {owner}"
+    return None
+
+
+def free_head_ports() -> list[tuple[int, int]]:
+    """The ranges (inclusive) within ``spec.metrics.port``'s bounds that no fixed port of
+    the head pod takes: where a pool's ``metrics.port`` may go."""
+    bounds = FIELDS["spec.metrics.port"]
+    taken = sorted([(p, p) for p in RAY_PORTS] + [(lo, hi) for lo, hi, _ in HEAD_PORT_RANGES])
+    free: list[tuple[int, int]] = []
+    start = int(bounds.minimum or 0)
+    for low, high in taken:
+        if low > start:
+            free.append((start, low - 1))
+        start = max(start, high + 1)
+    if start <= int(bounds.maximum or 0):
+        free.append((start, int(bounds.maximum or 0)))
+    return free
 #: Ray's raylet, GCS and object store do not start in less.
 MIN_RAY_MEMORY_BYTES: Final = 256 * 2**20
 #: gymnasium ``AutoresetMode`` values, which the CRD spells the same way.

@@ -296,11 +296,15 @@ def parse_spec(
     metrics = c.mapping(spec.get("metrics"), "spec.metrics")
     c.known(metrics, "spec.metrics")
     port = c.integer(metrics, "spec.metrics.port")
-    if port in fields.RAY_PORTS:
-        taken = ", ".join(str(p) for p in fields.RAY_PORTS)
+    owner = fields.head_port_owner(port)
+    if owner is not None:
+        taken = ", ".join([str(p) for p in fields.RAY_PORTS]
+                          + [f"{lo}-{hi}" for lo, hi, _ in fields.HEAD_PORT_RANGES])
+        free = ", ".join(str(lo) if lo == hi else f"{lo}-{hi}"
+                         for lo, hi in fields.free_head_ports())
         c.fail("spec.metrics.port", f"{port} is taken by the Ray head ({taken}): "
-               f"{port} is {fields.HEAD_PORT_OWNERS[port]}'s; pick another (default "
-               f"{fields.FIELDS['spec.metrics.port'].default})")
+               f"{port} is {owner}; pick another (default "
+               f"{fields.FIELDS['spec.metrics.port'].default}; free on the head: {free})")
     pool = model.PoolSpec(
         name=name,
         namespace=namespace,

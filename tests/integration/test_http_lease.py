@@ -26,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import ray
+from gymnasium.vector import AutoresetMode
 from prometheus_client.parser import text_string_to_metric_families
 from ray_checks import wait_for
 
@@ -304,6 +305,130 @@ def test_a_relayed_trainers_killed_actor_gives_a_truncated_step_then_its_replace
             _, _, _, trunc, info = envs.step(np.zeros(8, dtype=np.int64))
             assert "error" not in info
         assert envs.restart_counts.tolist() == [0] * 4 + [1] * 4
+    finally:
+        envs.close()
+    _free(pool, 16)
+
+
+def _steps_as_sync_vector_env(envs: RemoteVectorEnv, mode: AutoresetMode, seed: int) -> int:
+    """Step ``envs`` and a local SyncVectorEnv in ``mode`` side by side with the same seeds
+    and actions; the episode ends compared."""
+    n = envs.num_envs
+    local = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * n,
+                                     autoreset_mode=mode)
+    seeds = list(range(seed, seed + n))
+    actions = np.random.default_rng(seed).integers(0, 2, size=(200, n))
+    try:
+        got, _ = envs.reset(seed=seeds)
+        want, _ = local.reset(seed=seeds)
+        np.testing.assert_array_equal(got, want)
+        ends = 0
+        for t, a in enumerate(actions):
+            got_step, want_step = envs.step(a), local.step(a)
+            for name, g, w in zip(("obs", "reward", "terminated", "truncated"),
+                                  got_step[:4], want_step[:4], strict=True):
+                np.testing.assert_array_equal(g, w, err_msg=f"{mode.value} step {t}: {name}")
+            assert "error" not in got_step[4]
+            if mode is AutoresetMode.SAME_STEP:  # the last observation of an ended episode
+                final = want_step[4].get("_final_obs", np.zeros(n, bool))
+                np.testing.assert_array_equal(got_step[4].get("_final_obs", np.zeros(n, bool)),
+                                              final, err_msg=f"step {t}: _final_obs")
+                for e in np.flatnonzero(final):
+                    np.testing.assert_array_equal(got_step[4]["final_obs"][e],
+                                                  want_step[4]["final_obs"][e])
+            done = want_step[2] | want_step[3]
+            ends += int(done.sum())
+            if mode is AutoresetMode.DISABLED and done.any():  # the trainer resets them
+                got, _ = envs.reset(options={"reset_mask": done})
+                want, _ = local.reset(options={"reset_mask": done})
+                np.testing.assert_array_equal(got, want, err_msg=f"step {t}: masked reset")
+        return ends
+    finally:
+        local.close()
+
+
+@pytest.mark.parametrize("relayed", [False, True], ids=["direct", "relay"])
+@pytest.mark.parametrize("mode", [AutoresetMode.SAME_STEP, AutoresetMode.DISABLED],
+                         ids=lambda m: m.value)
+def test_a_lease_over_http_serves_the_autoreset_mode_it_asks_for(
+        pool: PoolServer, mode: AutoresetMode, relayed: bool) -> None:
+    """The pool's spec says NextStep; a Ray-free trainer asks for another: its actors
+    serve that lease in it, over TCP and through the relay alike, step for step as
+    gymnasium's; the next lease that asks for none gets the spec's back."""
+    before = _relayed(pool)
+    envs = _attach(pool, 8, autoreset_mode=mode.value, relay=relayed)
+    try:
+        assert envs.autoreset_mode is mode and envs.metadata["autoreset_mode"] is mode
+        # the switch made a reset due (gymnasium's order: reset, then step)
+        with pytest.raises(gym.error.ResetNeeded):
+            envs.step(np.zeros(8, dtype=np.int64))
+        ends = _steps_as_sync_vector_env(envs, mode, seed=300)
+        assert ends >= 8, f"{mode.value}: only {ends} episode ends compared"
+        assert all(h.channel and h.tcp and not h.shared for h in envs.hosts())
+        assert (_relayed(pool) > before) is relayed
+        ids = sorted(h.handle.actor_id for h in envs.hosts())
+    finally:
+        envs.close()
+    _free(pool, 16)
+    # the same warm actors, leased again asking for nothing: the spec's NextStep
+    api = LeaseApi(str(pool.lease_url), TOKEN)
+    answer = api.post("lease", {"num_envs": 16}, 10)
+    api.post("release", {"lease_id": answer["lease_id"]}, 10)
+    assert answer["autoreset_mode"] == "NextStep"
+    assert set(ids) <= {a["actor_id"] for a in answer["actors"]}
+    again = _attach(pool, 8)
+    try:
+        assert again.autoreset_mode is AutoresetMode.NEXT_STEP
+        assert _steps_as_sync_vector_env(again, AutoresetMode.NEXT_STEP, seed=400) >= 8
+    finally:
+        again.close()
+    _free(pool, 16)
+
+
+def test_a_replacement_serves_the_lease_in_its_asked_mode(pool: PoolServer) -> None:
+    """The pool server builds a replacement in the spec's mode: the trainer's replace
+    request names the lease's, so the new actor serves it too."""
+    envs = _attach(pool, 8, autoreset_mode="SameStep", relay=True)
+    try:
+        envs.reset(seed=0)
+        victim = envs.hosts()[1]
+        old_actor = victim.handle.actor_id
+        layout = lease_actor.PoolLayout.read(
+            ray.get(lease_actor.get_lease_actor(pool.ray_namespace).layout.remote()))
+        name = next(s.actor_name for s in layout.slots if s.actor_id == old_actor)
+        pid = ray.get(ray.get_actor(name, namespace=pool.ray_namespace).ping.remote())
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while envs.hosts()[1].handle.actor_id == old_actor:
+            envs.step(np.zeros(8, dtype=np.int64))
+            assert time.monotonic() < deadline, "no replacement within 60 s"
+        ends = _steps_as_sync_vector_env(envs, AutoresetMode.SAME_STEP, seed=500)
+        assert ends >= 8
+    finally:
+        envs.close()
+    _free(pool, 16)
+
+
+def test_a_bad_autoreset_mode_is_refused_with_400_and_nothing_leased(pool: PoolServer) -> None:
+    api = LeaseApi(str(pool.lease_url), TOKEN)
+    for bad, says in [("SAME_STEP", "got 'SAME_STEP'"), ("sometimes", "got 'sometimes'"),
+                      (3, "must be str or null, got int 3")]:
+        with pytest.raises(LeaseApiError, match="field 'autoreset_mode'") as exc:
+            api.post("lease", {"num_envs": 4, "autoreset_mode": bad}, 10)
+        assert exc.value.status == 400 and exc.value.body["field"] == "autoreset_mode"
+        assert says in str(exc.value)
+        if isinstance(bad, str):
+            assert "one of 'NextStep', 'SameStep', 'Disabled'" in str(exc.value)
+        assert pool.status()["freeEnvs"] == 16  # nothing leased
+    # the client refuses it before it asks at all
+    with pytest.raises(ValueError, match=r"autoreset_mode='Sometimes'.*not a gymnasium "
+                                         r"AutoresetMode.*'NextStep', 'SameStep', 'Disabled'"):
+        _attach(pool, 4, autoreset_mode="Sometimes")
+    assert pool.status()["freeEnvs"] == 16
+    # asking for the spec's own mode is the default path
+    envs = _attach(pool, 4, autoreset_mode=AutoresetMode.NEXT_STEP)
+    try:
+        assert envs.autoreset_mode is AutoresetMode.NEXT_STEP
     finally:
         envs.close()
     _free(pool, 16)

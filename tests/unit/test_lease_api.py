@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from remote_env import errors
 from remote_env import spec as spec_mod
+from remote_env.driver import http_lease
 from remote_env.driver.http_lease import LeaseApi, LeaseApiError
 from remote_env.metrics import PoolMetrics
 from remote_env.pool import lease_api
@@ -38,10 +39,19 @@ class Channels:
 
     def __init__(self) -> None:
         self.opened: list[tuple[list[int], int]] = []
+        self.modes: list[tuple[list[int], int, str]] = []
+        #: actors of a version before per-lease modes (RayChannels' refusal)
+        self.modeless = False
 
     def open(self, slots: Sequence[SlotInfo], epoch: int) -> list[tuple[str, bytes]]:
         self.opened.append(([s.slot for s in slots], epoch))
         return [(f"tcp://10.0.0.{s.slot}:7000", bytes([s.slot]) * 32) for s in slots]
+
+    def serve_mode(self, slots: Sequence[SlotInfo], epoch: int, mode: str) -> None:
+        if self.modeless:
+            raise lease_api.ApiError(409, "slot 0's actor predates per-lease autoreset modes",
+                                     reason="mode_unsupported", field="autoreset_mode")
+        self.modes.append(([s.slot for s in slots], epoch, mode))
 
 
 class Pool:
@@ -201,6 +211,67 @@ def test_replace_waits_for_the_pool_servers_replacement(pool: Pool) -> None:
     with pytest.raises(LeaseApiError) as exc:
         pool.api.post("replace", {**body, "actor_id": "id0-2", "wait_s": 0.2}, 10)
     assert exc.value.status == 503 and exc.value.retryable
+
+
+def test_a_lease_asking_an_autoreset_mode_has_its_actors_serve_it_and_says_so(
+        pool: Pool) -> None:
+    default = pool.api.post("lease", {"num_envs": 4}, 10)
+    assert default["autoreset_mode"] == "NextStep"  # the spec's; the actors left alone
+    assert pool.channels.modes == []
+    same = pool.api.post("lease", {"num_envs": 8, "autoreset_mode": "SameStep"}, 10)
+    assert same["autoreset_mode"] == "SameStep"
+    assert pool.channels.modes == [([1, 2], same["epoch"], "SameStep")]
+    # the replacement (built in the pool's mode) is switched to the lease's too
+    body = {"lease_id": same["lease_id"], "slot": 2, "actor_id": "id2-1",
+            "epoch": same["epoch"], "wait_s": 10, "autoreset_mode": "SameStep"}
+    new = _slots(4, 4, 4, 4)
+    new[2] = SlotInfo(2, "host-00002-g2", "id2-2", 4, "ready")
+    pool.actor.server_sync(new, None, timeout=0)
+    got = pool.api.post("replace", body, 20)
+    assert got["actor"]["actor_id"] == "id2-2" and got["autoreset_mode"] == "SameStep"
+    assert pool.channels.modes[-1] == ([2], same["epoch"], "SameStep")
+    with pytest.raises(LeaseApiError, match="field 'autoreset_mode'") as exc:
+        pool.api.post("replace", {**body, "actor_id": "id2-2", "autoreset_mode": "x"}, 10)
+    assert exc.value.status == 400
+
+
+@pytest.mark.parametrize("bad", ["SAME_STEP", "nextstep", "", 1, True, ["SameStep"]])
+def test_a_bad_autoreset_mode_is_refused_before_anything_is_leased(pool: Pool,
+                                                                   bad: Any) -> None:
+    with pytest.raises(LeaseApiError, match="field 'autoreset_mode'") as exc:
+        pool.api.post("lease", {"num_envs": 4, "autoreset_mode": bad}, 10)
+    assert exc.value.status == 400 and exc.value.body["field"] == "autoreset_mode"
+    if isinstance(bad, str):
+        assert (f"must be one of 'NextStep', 'SameStep', 'Disabled' (gymnasium AutoresetMode "
+                f"values) or null for the pool spec's, got {bad!r}") in str(exc.value)
+    assert pool.actor.layout().leased_slots == {} and pool.channels.opened == []
+
+
+def test_actors_that_cannot_switch_modes_refuse_the_lease_and_keep_no_envs(pool: Pool) -> None:
+    pool.channels.modeless = True
+    with pytest.raises(LeaseApiError, match="predates per-lease autoreset modes") as exc:
+        pool.api.post("lease", {"num_envs": 4, "autoreset_mode": "Disabled"}, 10)
+    assert exc.value.status == 409 and exc.value.body["reason"] == "mode_unsupported"
+    assert pool.actor.layout().leased_slots == {}  # released: no half-handed lease
+    assert pool.api.post("lease", {"num_envs": 16}, 10)["autoreset_mode"] == "NextStep"
+
+
+def test_the_client_tells_a_lease_api_before_per_lease_modes() -> None:
+    """An older pool server ignores ``autoreset_mode`` and names none in its answer."""
+    document = spec_mod.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 2,
+                                    "autoresetMode": "SameStep"}, name="p").to_document()
+    old = {"spec": document}
+    assert http_lease.granted_mode("p", "http://h:8267", None, old) is None
+    assert http_lease.granted_mode("p", "http://h:8267", "SameStep", old) == "SameStep"
+    with pytest.raises(ValueError, match=r"cannot serve autoreset_mode='Disabled' over HTTP: "
+                                         r"its lease API at http://h:8267 predates per-lease "
+                                         r"autoreset modes.*serves the spec's 'SameStep' only"):
+        http_lease.granted_mode("p", "http://h:8267", "Disabled", old)
+    new = {**old, "autoreset_mode": "Disabled"}
+    assert http_lease.granted_mode("p", "http://h:8267", "Disabled", new) == "Disabled"
+    with pytest.raises(ValueError, match="granted 'SameStep'"):
+        http_lease.granted_mode("p", "http://h:8267", "Disabled",
+                                {**old, "autoreset_mode": "SameStep"})
 
 
 def test_no_token_no_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:

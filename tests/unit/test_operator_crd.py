@@ -181,8 +181,13 @@ def test_crd_rules_use_the_model_constants(crd: dict[str, Any]) -> None:
     assert any(f"<= {spec.MAX_NAME_LENGTH}" in r for r in rules)
     assert any(spec.fields.NAME_RE.pattern in r for r in rules)
     (port_rule,) = props["metrics"]["properties"]["port"]["x-kubernetes-validations"]
-    assert port_rule["rule"] == f"!(self in {list(spec.RAY_PORTS)})".replace(",", ", ").replace(
-        ",  ", ", ")
+    # the head's fixed ports and its port ranges, as the spec check refuses them
+    ranges = [f"!(self >= {lo} && self <= {hi})" for lo, hi, _ in spec.fields.HEAD_PORT_RANGES]
+    assert port_rule["rule"] == " && ".join(
+        [f"!(self in {list(spec.RAY_PORTS)})".replace(",", ", ").replace(",  ", ", "), *ranges])
+    free = ", ".join(str(lo) if lo == hi else f"{lo}-{hi}"
+                     for lo, hi in spec.fields.free_head_ports())
+    assert port_rule["message"].endswith(f"free: {free}")
     id_rule = props["env"]["properties"]["id"]["x-kubernetes-validations"][0]["rule"]
     assert spec.fields.ENV_ID_RE.pattern in id_rule
     ep_rule = props["env"]["properties"]["entrypoint"]["x-kubernetes-validations"][0]["rule"]

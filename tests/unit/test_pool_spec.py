@@ -14,7 +14,7 @@ import gymnasium as gym
 import pytest
 import yaml
 
-from envpool_operator import builders, names
+from envpool_operator import builders, names, settings
 from remote_env import entrypoints, spec
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "examples").glob("*.yaml"))
@@ -230,3 +230,57 @@ def test_leased_actor_policy_rejects_bad_input(given: dict[str, Any], says: str)
         spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 4, "updateStrategy": given},
                         name="cp")
     assert err.value.errors == [says]
+
+
+FREE_ON_HEAD = ("free on the head: 1024-6378, 6380-8079, 8081-8264, 8266, 8268-10000, "
+                "20000-22999, 24000-52364, 52366-65535")
+
+
+@pytest.mark.parametrize(("port", "owner"), [
+    (6379, "Ray's GCS's"), (8080, "Ray's metrics export's"), (8265, "Ray's dashboard's"),
+    (8267, "the pool server's lease API's"), (10001, "Ray client's"),
+    (52365, "Ray's dashboard agent's"),
+    (10002, "in the range 10002-19999 of Ray's worker processes"),
+    (15000, "in the range 10002-19999 of Ray's worker processes"),
+    (19999, "in the range 10002-19999 of Ray's worker processes"),
+    (23000, "in the range 23000-23999 of Ray client's per-trainer servers"),
+    (23999, "in the range 23000-23999 of Ray client's per-trainer servers"),
+])
+def test_a_metrics_port_the_ray_head_holds_is_refused_naming_its_holder_and_the_free_ranges(
+        port: int, owner: str) -> None:
+    with pytest.raises(spec.SpecError) as exc:
+        spec.parse_manifest(_doc(metrics={"port": port}))
+    text = str(exc.value)
+    assert f"spec.metrics.port: {port} is taken by the Ray head" in text
+    assert f"{port} is {owner}" in text
+    assert FREE_ON_HEAD in text and "default 9480" in text
+
+
+@pytest.mark.parametrize("port", [1024, 6378, 8266, 8268, 10000, 20000, 22999, 24000, 52364,
+                                  52366, 65535, 9480])
+def test_a_metrics_port_next_to_the_heads_is_free(port: int) -> None:
+    assert spec.parse_manifest(_doc(metrics={"port": port})).metrics_port == port
+
+
+def test_the_refused_ports_are_the_ones_the_operators_head_pod_binds() -> None:
+    """The ranges refused are Ray's own defaults because the operator's head leaves them
+    alone: a head ``rayStartParams`` that moved them would need the check moved too."""
+    pool = spec.parse_manifest(_doc())
+    rc = builders.build_ray_cluster(pool, settings.Settings(image="registry.example/e:1"))
+    head = rc["spec"]["headGroupSpec"]
+    for moved in ("min-worker-port", "max-worker-port", "worker-port-list", "port",
+                  "ray-client-server-port", "dashboard-port", "metrics-export-port",
+                  "dashboard-agent-listen-port"):
+        assert moved not in head["rayStartParams"], moved
+    declared = {p["containerPort"] for c in head["template"]["spec"]["containers"]
+                for p in c.get("ports", []) if p.get("name") != "metrics"}
+    assert declared <= set(spec.RAY_PORTS), declared - set(spec.RAY_PORTS)
+    from ray.scripts import scripts  # ray start's own worker port range
+    from ray.util.client.server import proxier  # where Ray client's servers listen
+
+    defaults = {p.name: p.default for p in scripts.start.params}
+    assert (defaults["min_worker_port"], defaults["max_worker_port"], 10002, 19999) in [
+        (lo, hi, lo, hi) for lo, hi, _ in spec.fields.HEAD_PORT_RANGES]
+
+    assert (proxier.MIN_SPECIFIC_SERVER_PORT, proxier.MAX_SPECIFIC_SERVER_PORT - 1) in [
+        (lo, hi) for lo, hi, _ in spec.fields.HEAD_PORT_RANGES]

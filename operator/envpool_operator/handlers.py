@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, cast
+from typing import Any
 
 import kopf
 import prometheus_client
@@ -80,6 +80,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
         memo.envpool_metrics_server, _thread = metrics_mod.serve(registry, cfg.metrics_port, addr)
     memo.envpool_stop = threading.Event()
     memo.envpool_status_writes = reconcile.StatusWrites()
+    memo.envpool_refresher = reconcile.RayClusterRefresher(
+        runtime, memo.envpool_status_writes, memo.envpool_stop)
     threading.Thread(
         target=reconcile.resync_loop, name="envpool-resync", daemon=True,
         args=(runtime, memo.envpool_stop, logging.getLogger("envpool_operator.resync"),
@@ -180,30 +182,22 @@ def pool_event_fn(
 
 
 @kopf.on.event("ray.io", "v1", "rayclusters", labels={names.POOL_LABEL: kopf.PRESENT})
-def ray_cluster_event_fn(
+async def ray_cluster_event_fn(
     body: kopf.Body, type: str | None, memo: kopf.Memo, logger: Any, **_: Any,
 ) -> None:
     """KubeRay updated a RayCluster we own: refresh its EnvPool's status.
 
     If the RayCluster was deleted behind our back while its EnvPool lives on,
-    put it back now rather than at the next resync.
+    put it back now rather than at the next resync. Async, on kopf's event loop: it
+    keeps the RayCluster's slim copy and returns, and kopf lets go of the body at once;
+    the refresh runs on the refresher's threads (:class:`reconcile.RayClusterRefresher`).
     """
     runtime = _runtime(memo)
     pool_name = body.metadata.labels.get(names.POOL_LABEL, "")
     key = (body.metadata.namespace or "", pool_name)
-    rc = None if type == "DELETED" else dict(body)
-    try:
-        head = reconcile.refresh_from_ray_cluster(rc, key, runtime, _written(memo))
-        if head is not None:
-            # the head's outage and recovery, on the EnvPool (kubectl describe epool)
-            pool_body, (etype, reason, message) = head
-            kopf.event(kopf.Body(cast(Any, pool_body)), type=etype, reason=reason, message=message)
-            logger.info(f"EnvPool {key[0]}/{key[1]}: {reason}: {message}")
-        if type == "DELETED" and runtime.knows_pool(key):
-            # Re-read first: the EnvPool itself may be what is being deleted.
-            reconcile.reconcile_fresh(key, runtime, logger, _written(memo))
-    except kube.ApiProblem as exc:
-        logger.warning(f"status refresh of EnvPool {key[0]}/{key[1]} failed: {exc}")
+    runtime.remember_ray_cluster(key, None if type == "DELETED" else body)
+    refresher: reconcile.RayClusterRefresher = memo.envpool_refresher
+    refresher.submit(key, deleted=type == "DELETED", logger=logger)
 
 
 @kopf.on.delete(G, V, P, optional=True)

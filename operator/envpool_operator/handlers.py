@@ -8,6 +8,7 @@ blocking Kubernetes client never stalls the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from typing import Any
@@ -152,12 +153,19 @@ def _status_only(body: kopf.Body, patch: kopf.Patch, runtime: runtime_mod.Runtim
 
 
 @kopf.on.event(G, V, P)
-def pool_event_fn(
+async def pool_event_fn(
     body: kopf.Body, type: str | None, patch: kopf.Patch, memo: kopf.Memo, logger: Any,
     **_: Any,
 ) -> None:
     """Keep the EnvPool cache fresh; turn pool-server reports into phase/conditions
-    and, for ``spec.autoscaling``, into a size (a lease report scales up at once)."""
+    and, for ``spec.autoscaling``, into a size (a lease report scales up at once).
+
+    Async, on kopf's event loop: the cache and the status need no API call and no lock
+    that a reconcile holds, so the event is done at once and kopf lets go of its body
+    (issue 34: bodies waiting for a handler thread behind the reconciles were most of
+    the operator's memory). Only an autoscaled pool, or one with worker pods to let go,
+    waits for a thread.
+    """
     runtime = _runtime(memo)
     key = (body.metadata.namespace or "", body.metadata.name or "")
     if type == "DELETED":
@@ -169,14 +177,22 @@ def pool_event_fn(
         return  # nothing to report yet: the reconcile writes the first status
     _status_only(body, patch, runtime, _written(memo))
     try:
-        scaling.autoscale(key, runtime, logger)
-        # Worker pods kept for leased envs: once a report names pods without leases,
-        # shrink now rather than at the next spec change or resync.
         pool = settings_mod.parse_pool(body, runtime.settings)
-        if reconcile.shrink_waiting(pool, body, runtime.ray_cluster(key)):
-            reconcile.reconcile_fresh(key, runtime, logger, _written(memo))
     except spec_mod.SpecError:
-        pass  # the reconcile reports it (SpecValid=False)
+        return  # the reconcile reports it (SpecValid=False)
+    # Worker pods kept for leased envs: once a report names pods without leases,
+    # shrink now rather than at the next spec change or resync.
+    shrink = reconcile.shrink_waiting(pool, body, runtime.ray_cluster(key))
+    if pool.autoscaling is not None or shrink:
+        await asyncio.to_thread(_scale, key, runtime, logger, _written(memo), shrink)
+
+
+def _scale(key: tuple[str, str], runtime: runtime_mod.Runtime, logger: Any,
+           written: reconcile.StatusWrites, shrink: bool) -> None:
+    try:
+        scaling.autoscale(key, runtime, logger)
+        if shrink:
+            reconcile.reconcile_fresh(key, runtime, logger, written)
     except kube.ApiProblem as exc:
         logger.warning(f"EnvPool {key[0]}/{key[1]}: {exc}; the next pass retries")
 

@@ -9,16 +9,18 @@ real API server and watches are exercised in tests/e2e/test_operator_e2e.py.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
+import kopf
 import prometheus_client
 import pytest
 
-from envpool_operator import kube, metrics, reconcile, settings
+from envpool_operator import builders, kube, metrics, reconcile, settings
 from envpool_operator import runtime as runtime_mod
 
 UID = "11111111-2222-3333-4444-555555555555"
@@ -269,3 +271,38 @@ def test_ray_cluster_events_of_a_pool_are_refreshed_once_per_turn(
         assert rec.reconciled == [("ns", "a")]
     finally:
         stop.set()
+
+
+def _event(body: dict[str, Any], rt: runtime_mod.Runtime, monkeypatch: pytest.MonkeyPatch,
+           ) -> tuple[kopf.Patch, list[str]]:
+    """One EnvPool watch event through the kopf handler, on an event loop; what it
+    patched and the functions it sent to a thread."""
+    from envpool_operator import handlers
+
+    threaded: list[str] = []
+
+    async def to_thread(fn: Any, *args: Any) -> None:
+        threaded.append(fn.__name__)
+
+    monkeypatch.setattr(asyncio, "to_thread", to_thread)
+    patch = kopf.Patch()
+    memo = kopf.Memo(envpool=rt, envpool_status_writes=reconcile.StatusWrites())
+    handler: Any = handlers.pool_event_fn  # kopf's decorator types it as its callback
+    asyncio.run(handler(body=kopf.Body(cast(Any, body)), type="MODIFIED", patch=patch,
+                                       memo=memo, logger=_Log()))
+    return patch, threaded
+
+
+def test_an_envpool_event_is_handled_on_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    rt = runtime_mod.Runtime(settings=settings.Settings(),
+                             metrics=metrics.OperatorMetrics(prometheus_client.CollectorRegistry()))
+    body = _body()
+    pool = settings.parse_pool(body, rt.settings)
+    rt.remember_ray_cluster(KEY, builders.build_ray_cluster(pool, rt.settings))
+    patch, threaded = _event(body, rt, monkeypatch)
+    assert threaded == []  # a fixed-size pool: cache and status, no thread, no API call
+    assert patch["status"]["phase"] == "Provisioning"
+    assert (rt.pool_body(KEY) or {})["spec"] == body["spec"]
+    body["spec"]["autoscaling"] = {"maxReplicas": 64, "bufferEnvs": 8}
+    patch, threaded = _event(body, rt, monkeypatch)
+    assert threaded == ["_scale"]  # the autoscaler may write: on a thread

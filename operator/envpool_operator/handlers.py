@@ -2,8 +2,10 @@
 :mod:`envpool_operator.scaling`.
 
 Run with ``envpool operator`` or ``kopf run -m envpool_operator.handlers``.
-Handlers are plain functions, so kopf runs them in its thread pool and the
-blocking Kubernetes client never stalls the event loop.
+The handlers that call the API are plain functions, so kopf runs them in its thread
+pool and the blocking Kubernetes client never stalls the event loop. The two watch-event
+handlers are async: they only update caches and compute a status (no API call), so
+kopf is done with each event, and its body, at once; what calls the API goes to threads.
 """
 
 from __future__ import annotations

@@ -315,7 +315,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {"pools": args.pools, "workers_per_pool": args.workers,
                                "cpus": os.cpu_count(),
                                "loadavg_before": Path("/proc/loadavg").read_text().split()[:3]}
-    pods_needed = args.pools * (1 + args.workers)
+    # head, workers and the pool's Redis (GCS fault tolerance, on by default): without
+    # the Redis pods counted, 1,000 pools left 280 heads Pending ("Too many pods")
+    pods_needed = args.pools * (2 + args.workers)
     bench_nodes = [f"envpool-bench-{i}" for i in range(math.ceil(pods_needed / BENCH_NODE_PODS))]
     # kubectl: the typed client's models insist on node fields kwok nodes leave out
     subprocess.run([str(kubectl), "apply", "--validate=false", "-f", "-"], check=True,

@@ -315,7 +315,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {"pools": args.pools, "workers_per_pool": args.workers,
                                "cpus": os.cpu_count(),
                                "loadavg_before": Path("/proc/loadavg").read_text().split()[:3]}
-    pods_needed = args.pools * (1 + args.workers)
+    # head, workers and the pool's Redis (GCS fault tolerance, on by default): without
+    # the Redis pods counted, 1,000 pools left 280 heads Pending ("Too many pods")
+    pods_needed = args.pools * (2 + args.workers)
     bench_nodes = [f"envpool-bench-{i}" for i in range(math.ceil(pods_needed / BENCH_NODE_PODS))]
     # kubectl: the typed client's models insist on node fields kwok nodes leave out
     subprocess.run([str(kubectl), "apply", "--validate=false", "-f", "-"], check=True,
@@ -455,7 +457,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             op.kill()
         log.close()
         if not args.keep:
-            _cleanup(core, ns, bench_nodes, kubectl)
+            _cleanup(core, custom, ns, bench_nodes, kubectl)
     return figures
 
 
@@ -534,13 +536,35 @@ def _resync_figures(op_metrics: Callable[[], list[tuple[str, dict[str, str], flo
     }
 
 
-def _cleanup(core: Any, ns: str, bench_nodes: list[str], kubectl: Path) -> None:
+def _cleanup(core: Any, custom: Any, ns: str, bench_nodes: list[str], kubectl: Path) -> None:
     print(f"deleting namespace {ns} (and the bench nodes)", file=sys.stderr, flush=True)
     try:
         core.delete_namespace(ns)
     except kubernetes.client.ApiException as exc:
         if exc.status != 404:
             raise
+
+    def strip_finalizers() -> int:
+        """The pools' RayClusters (GCS fault tolerance) carry KubeRay's Redis-cleanup
+        finalizer, whose Job a terminating namespace refuses: the namespace would take
+        15-22 min to go, holding the shared cluster. Their Redis goes with the namespace.
+        Done again at each progress line (KubeRay adds it to any not deleted yet)."""
+        try:
+            listed = custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayclusters")
+        except kubernetes.client.ApiException:
+            return 0
+        stripped = 0
+        for rc in listed.get("items", ()):
+            if rc["metadata"].get("finalizers") and rc["metadata"].get("deletionTimestamp"):
+                try:
+                    custom.patch_namespaced_custom_object(
+                        "ray.io", "v1", ns, "rayclusters", rc["metadata"]["name"],
+                        {"metadata": {"finalizers": None}})
+                    stripped += 1
+                except kubernetes.client.ApiException as exc:
+                    if exc.status != 404:
+                        raise
+        return stripped
 
     def gone() -> bool:
         try:
@@ -551,7 +575,8 @@ def _cleanup(core: Any, ns: str, bench_nodes: list[str], kubectl: Path) -> None:
 
     try:
         _wait(gone, 900, f"namespace {ns} gone",
-              lambda: f"{len(core.list_namespaced_pod(ns).items)} pods left")
+              lambda: f"{len(core.list_namespaced_pod(ns).items)} pods left, "
+                      f"{strip_finalizers()} RayCluster finalizers removed")
     except TimeoutError as exc:
         print(f"warning: {exc}", file=sys.stderr)
     if bench_nodes:

@@ -2,15 +2,18 @@
 :mod:`envpool_operator.scaling`.
 
 Run with ``envpool operator`` or ``kopf run -m envpool_operator.handlers``.
-Handlers are plain functions, so kopf runs them in its thread pool and the
-blocking Kubernetes client never stalls the event loop.
+The handlers that call the API are plain functions, so kopf runs them in its thread
+pool and the blocking Kubernetes client never stalls the event loop. The two watch-event
+handlers are async: they only update caches and compute a status (no API call), so
+kopf is done with each event, and its body, at once; what calls the API goes to threads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from typing import Any, cast
+from typing import Any
 
 import kopf
 import prometheus_client
@@ -80,6 +83,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
         memo.envpool_metrics_server, _thread = metrics_mod.serve(registry, cfg.metrics_port, addr)
     memo.envpool_stop = threading.Event()
     memo.envpool_status_writes = reconcile.StatusWrites()
+    memo.envpool_refresher = reconcile.RayClusterRefresher(
+        runtime, memo.envpool_status_writes, memo.envpool_stop)
     threading.Thread(
         target=reconcile.resync_loop, name="envpool-resync", daemon=True,
         args=(runtime, memo.envpool_stop, logging.getLogger("envpool_operator.resync"),
@@ -150,12 +155,19 @@ def _status_only(body: kopf.Body, patch: kopf.Patch, runtime: runtime_mod.Runtim
 
 
 @kopf.on.event(G, V, P)
-def pool_event_fn(
+async def pool_event_fn(
     body: kopf.Body, type: str | None, patch: kopf.Patch, memo: kopf.Memo, logger: Any,
     **_: Any,
 ) -> None:
     """Keep the EnvPool cache fresh; turn pool-server reports into phase/conditions
-    and, for ``spec.autoscaling``, into a size (a lease report scales up at once)."""
+    and, for ``spec.autoscaling``, into a size (a lease report scales up at once).
+
+    Async, on kopf's event loop: the cache and the status need no API call and no lock
+    that a reconcile holds, so the event is done at once and kopf lets go of its body
+    (issue 34: bodies waiting for a handler thread behind the reconciles were most of
+    the operator's memory). Only an autoscaled pool, or one with worker pods to let go,
+    waits for a thread.
+    """
     runtime = _runtime(memo)
     key = (body.metadata.namespace or "", body.metadata.name or "")
     if type == "DELETED":
@@ -167,43 +179,43 @@ def pool_event_fn(
         return  # nothing to report yet: the reconcile writes the first status
     _status_only(body, patch, runtime, _written(memo))
     try:
-        scaling.autoscale(key, runtime, logger)
-        # Worker pods kept for leased envs: once a report names pods without leases,
-        # shrink now rather than at the next spec change or resync.
         pool = settings_mod.parse_pool(body, runtime.settings)
-        if reconcile.shrink_waiting(pool, body, runtime.ray_cluster(key)):
-            reconcile.reconcile_fresh(key, runtime, logger, _written(memo))
     except spec_mod.SpecError:
-        pass  # the reconcile reports it (SpecValid=False)
+        return  # the reconcile reports it (SpecValid=False)
+    # Worker pods kept for leased envs: once a report names pods without leases,
+    # shrink now rather than at the next spec change or resync.
+    shrink = reconcile.shrink_waiting(pool, body, runtime.ray_cluster(key))
+    if pool.autoscaling is not None or shrink:
+        await asyncio.to_thread(_scale, key, runtime, logger, _written(memo), shrink)
+
+
+def _scale(key: tuple[str, str], runtime: runtime_mod.Runtime, logger: Any,
+           written: reconcile.StatusWrites, shrink: bool) -> None:
+    try:
+        scaling.autoscale(key, runtime, logger)
+        if shrink:
+            reconcile.reconcile_fresh(key, runtime, logger, written)
     except kube.ApiProblem as exc:
         logger.warning(f"EnvPool {key[0]}/{key[1]}: {exc}; the next pass retries")
 
 
 @kopf.on.event("ray.io", "v1", "rayclusters", labels={names.POOL_LABEL: kopf.PRESENT})
-def ray_cluster_event_fn(
+async def ray_cluster_event_fn(
     body: kopf.Body, type: str | None, memo: kopf.Memo, logger: Any, **_: Any,
 ) -> None:
     """KubeRay updated a RayCluster we own: refresh its EnvPool's status.
 
     If the RayCluster was deleted behind our back while its EnvPool lives on,
-    put it back now rather than at the next resync.
+    put it back now rather than at the next resync. Async, on kopf's event loop: it
+    keeps the RayCluster's slim copy and returns, and kopf lets go of the body at once;
+    the refresh runs on the refresher's threads (:class:`reconcile.RayClusterRefresher`).
     """
     runtime = _runtime(memo)
     pool_name = body.metadata.labels.get(names.POOL_LABEL, "")
     key = (body.metadata.namespace or "", pool_name)
-    rc = None if type == "DELETED" else dict(body)
-    try:
-        head = reconcile.refresh_from_ray_cluster(rc, key, runtime, _written(memo))
-        if head is not None:
-            # the head's outage and recovery, on the EnvPool (kubectl describe epool)
-            pool_body, (etype, reason, message) = head
-            kopf.event(kopf.Body(cast(Any, pool_body)), type=etype, reason=reason, message=message)
-            logger.info(f"EnvPool {key[0]}/{key[1]}: {reason}: {message}")
-        if type == "DELETED" and runtime.knows_pool(key):
-            # Re-read first: the EnvPool itself may be what is being deleted.
-            reconcile.reconcile_fresh(key, runtime, logger, _written(memo))
-    except kube.ApiProblem as exc:
-        logger.warning(f"status refresh of EnvPool {key[0]}/{key[1]} failed: {exc}")
+    runtime.remember_ray_cluster(key, None if type == "DELETED" else body)
+    refresher: reconcile.RayClusterRefresher = memo.envpool_refresher
+    refresher.submit(key, deleted=type == "DELETED", logger=logger)
 
 
 @kopf.on.delete(G, V, P, optional=True)

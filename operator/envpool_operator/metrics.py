@@ -121,6 +121,12 @@ class OperatorMetrics:
             "EnvPools reconciled by the periodic resync (one per pool per pass).",
             registry=registry,
         )
+        self.resyncs_unchanged = prometheus_client.Counter(
+            "envpool_operator_resyncs_unchanged",
+            "Resyncs that found the pool's children as last applied (from the watch) and "
+            "made no API call for them.",
+            registry=registry,
+        )
         self.scale_writes = prometheus_client.Counter(
             "envpool_operator_autoscale_writes",
             "spec.replicas written by the autoscaler through the scale subresource.",

@@ -11,13 +11,16 @@ reaches the children through this reconcile.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import dataclasses
 import functools
+import hashlib
+import json
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
 import kopf
@@ -178,18 +181,8 @@ def _apply_children(
         if refusal is not None:
             mine = existing if existing is not None and _owned_by(existing, uid) else None
             raise _Stop(*refusal, ray_cluster=mine)
-        requested = (meta.get("annotations") or {}).get(names.RENDER_ANNOTATION)
-        render = builders.render_for(pool, runtime.settings, existing, requested=requested)
-        children = builders.build_children(pool, runtime.settings,
-                                           workers=workers_for(pool, body, existing),
-                                           render=render)
-        # The pool's own Redis serves the GCS fault tolerance of render generation 2;
-        # a pool kept at generation 1 by an upgrade has none (its head runs without it).
+        render, owner, children = render_children(body, pool, runtime.settings, existing)
         ft_render = render.generation >= builders.GCS_FT_GENERATION
-        if ft_render:
-            children += gcs_store.build_redis_children(pool, runtime.settings)
-        owner = kopf.Body(cast(Any, copy.deepcopy(dict(body))))
-        kopf.adopt(children, owner=owner)
         # The lease API's token (render generation 2: only its head mounts it). Created
         # once, never applied: a token made here is used only if the Secret is new (an
         # existing one, the operator's or an admin's, is kept unread).
@@ -218,8 +211,92 @@ def _apply_children(
         stored = kube.apply_all(second)
     except kube.ApiProblem as exc:
         raise _Stop(exc.problem, exc.delay) from None
-    return next((out for child, out in zip(second, stored, strict=True)
-                 if child.get("kind") == "RayCluster"), {})
+    rc = next((out for child, out in zip(second, stored, strict=True)
+               if child.get("kind") == "RayCluster"), {})
+    runtime.remember_applied(key_of(body), applied_state(body, children, rc))
+    return rc
+
+
+def key_of(body: Mapping[str, Any]) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("name", "")
+
+
+def render_children(
+    body: Mapping[str, Any], pool: spec_mod.PoolSpec, settings: settings_mod.Settings,
+    existing: Mapping[str, Any] | None,
+) -> tuple[builders.Render, kopf.Body, list[dict[str, Any]]]:
+    """The rendering, the owner and the children of EnvPool ``body`` whose RayCluster is
+    ``existing`` (pure: the reconcile applies them, the resync compares them)."""
+    requested = ((body.get("metadata") or {}).get("annotations") or {}).get(
+        names.RENDER_ANNOTATION)
+    render = builders.render_for(pool, settings, existing, requested=requested)
+    children = builders.build_children(pool, settings, workers=workers_for(pool, body, existing),
+                                       render=render)
+    # The pool's own Redis serves the GCS fault tolerance of render generation 2;
+    # a pool kept at generation 1 by an upgrade has none (its head runs without it).
+    if render.generation >= builders.GCS_FT_GENERATION:
+        children += gcs_store.build_redis_children(pool, settings)
+    owner = kopf.Body(cast(Any, copy.deepcopy(dict(body))))
+    kopf.adopt(children, owner=owner)
+    return render, owner, children
+
+
+def children_digest(children: Sequence[Mapping[str, Any]]) -> str:
+    """A digest of rendered children: equal exactly when an apply would send the same.
+
+        >>> children_digest([{"kind": "ConfigMap", "data": {"a": "1"}}]) == children_digest(
+        ...     [{"data": {"a": "1"}, "kind": "ConfigMap"}])
+        True
+    """
+    text = json.dumps(list(children), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def applied_state(body: Mapping[str, Any], children: Sequence[Mapping[str, Any]],
+                  ray_cluster: Mapping[str, Any]) -> runtime_mod.Applied:
+    """:class:`~envpool_operator.runtime.Applied` of ``children`` rendered from ``body``
+    with ``ray_cluster`` the RayCluster as stored (after the apply or as watched)."""
+    rc_meta = ray_cluster.get("metadata") or {}
+    return runtime_mod.Applied(
+        digest=children_digest(children),
+        pool_generation=(body.get("metadata") or {}).get("generation"),
+        ray_cluster_uid=str(rc_meta.get("uid") or ""),
+        ray_cluster_generation=rc_meta.get("generation"),
+    )
+
+
+def _metadata_holds(rendered: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
+    """The labels and annotations the operator renders on an object are on ``live``
+    (a hand edit of them does not change the RayCluster's generation)."""
+    want, have = rendered.get("metadata") or {}, live.get("metadata") or {}
+    return all(
+        (have.get(field) or {}).get(k) == v
+        for field in ("labels", "annotations") for k, v in (want.get(field) or {}).items())
+
+
+def as_rendered(key: tuple[str, str], runtime: runtime_mod.Runtime) -> runtime_mod.Applied | None:
+    """EnvPool ``key``'s children as they would be applied now and its RayCluster as last
+    watched, from the operator's caches alone (no API call); None when that cannot say
+    (unknown, being deleted, an invalid spec, a RayCluster not ours or whose labels or
+    annotations differ from the rendered ones): the resync then reads and applies."""
+    body, rc = runtime.pool_body(key), runtime.ray_cluster(key)
+    if body is None or rc is None:
+        return None
+    meta = body.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    try:
+        pool = settings_mod.parse_pool(body, runtime.settings)
+    except spec_mod.SpecError:
+        return None
+    if ownership_problem(rc, name=meta.get("name", ""), uid=meta.get("uid", "")) is not None:
+        return None
+    _render, _owner, children = render_children(body, pool, runtime.settings, rc)
+    rendered_rc = next(c for c in children if c.get("kind") == "RayCluster")
+    if not _metadata_holds(rendered_rc, rc):
+        return None
+    return applied_state(body, children, rc)
 
 
 def _create_redis_password(pool: spec_mod.PoolSpec, owner: kopf.Body) -> None:
@@ -348,6 +425,93 @@ def refresh_from_ray_cluster(
         return (dict(body), event) if event is not None else None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Refresh:
+    deleted: bool  # the RayCluster was deleted (since the last refresh of the pool)
+    logger: Any
+    context: contextvars.Context  # kopf's (its Events and per-object logger need it)
+
+
+class RayClusterRefresher:
+    """The status refreshes that RayCluster events ask for: coalesced per pool and run on
+    threads of their own.
+
+    kopf (1.45) hands a handler every event of an object in turn, each holding its whole
+    parsed body until the handler is done with it. With the refreshes on kopf's handler
+    threads, a burst left each RayCluster's events queued behind the reconciles for those
+    threads, and the bodies were most of the operator's memory (issue 34). The event
+    handler now keeps the RayCluster's slim copy (:func:`runtime.cached_ray_cluster`) and
+    :meth:`submit`s its pool, which returns at once; a pool asked for again before its
+    refresh ran is refreshed once, from the latest RayCluster. One refresh per pool at a
+    time, pools in the order asked.
+    """
+
+    def __init__(self, runtime: runtime_mod.Runtime, written: StatusWrites | None,
+                 stop: threading.Event, threads: int = 4) -> None:
+        self._runtime, self._written, self._stop = runtime, written, stop
+        self._cond = threading.Condition()
+        #: Pools to refresh, in the order first asked (a dict keeps insertion order).
+        self._pending: dict[tuple[str, str], _Refresh] = {}
+        #: Pools being refreshed now (by one thread each).
+        self._busy: set[tuple[str, str]] = set()
+        self._threads = [threading.Thread(target=self._run, name=f"envpool-refresh-{i}",
+                                          daemon=True) for i in range(threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, key: tuple[str, str], *, deleted: bool, logger: Any) -> None:
+        """Refresh pool ``key``'s status from its cached RayCluster soon (and, ``deleted``,
+        put a RayCluster deleted behind the operator's back back)."""
+        with self._cond:
+            earlier = self._pending.pop(key, None)
+            self._pending[key] = _Refresh(deleted or (earlier is not None and earlier.deleted),
+                                          logger, contextvars.copy_context())
+            self._cond.notify()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._pending)
+
+    def _take(self) -> tuple[tuple[str, str], _Refresh] | None:
+        with self._cond:
+            while not self._stop.is_set():
+                key = next((k for k in self._pending if k not in self._busy), None)
+                if key is not None:
+                    self._busy.add(key)
+                    return key, self._pending.pop(key)
+                self._cond.wait(1.0)
+            return None
+
+    def _run(self) -> None:
+        while (job := self._take()) is not None:
+            key, refresh = job
+            try:
+                refresh.context.run(self._refresh, key, refresh)
+            except Exception:
+                refresh.logger.exception(f"status refresh of EnvPool {key[0]}/{key[1]} failed")
+            finally:
+                with self._cond:
+                    self._busy.discard(key)
+                    self._cond.notify()
+
+    def _refresh(self, key: tuple[str, str], refresh: _Refresh) -> None:
+        runtime, logger = self._runtime, refresh.logger
+        try:
+            head = refresh_from_ray_cluster(runtime.ray_cluster(key), key, runtime,
+                                            self._written)
+            if head is not None:
+                # the head's outage and recovery, on the EnvPool (kubectl describe epool)
+                pool_body, (etype, reason, message) = head
+                kopf.event(kopf.Body(cast(Any, pool_body)), type=etype, reason=reason,
+                           message=message)
+                logger.info(f"EnvPool {key[0]}/{key[1]}: {reason}: {message}")
+            if refresh.deleted and runtime.knows_pool(key):
+                # Re-read first: the EnvPool itself may be what is being deleted.
+                reconcile_fresh(key, runtime, logger, self._written)
+        except kube.ApiProblem as exc:
+            logger.warning(f"status refresh of EnvPool {key[0]}/{key[1]} failed: {exc}")
+
+
 def counted(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any,
             retry: int = 0) -> Outcome:
     """:func:`reconcile` under the pool's lock, counted in the operator metrics."""
@@ -394,8 +558,27 @@ def reconcile_fresh(key: tuple[str, str], runtime: runtime_mod.Runtime,
 
 def resync(key: tuple[str, str], runtime: runtime_mod.Runtime, logger: Any,
            written: StatusWrites | None = None) -> Outcome | None:
-    """One pool's share of a resync pass: :func:`reconcile_fresh`, counted."""
+    """One pool's share of a resync pass, counted: nothing but the status (from the
+    caches) when the children render as last applied and the watched RayCluster is as
+    applied (:func:`as_rendered`, :meth:`Runtime.skip_resync`), else
+    :func:`reconcile_fresh` (2 GETs, every child applied).
+
+    What the skip still repairs at once: a RayCluster whose spec was edited (its
+    generation moves), re-created (its uid), relabelled, or deleted (no cached
+    RayCluster); a spec or pool report that renders differently. The watch that feeds
+    the caches is re-listed every ``server_timeout`` (4.5 min), so a missed event is
+    caught then. What it repairs only at the next full re-apply (every
+    ``resync_full_every`` passes, and at every operator start and spec change): a hand
+    edit of the ConfigMap, the RBAC objects, the NetworkPolicy or the Redis children,
+    which the operator may write but not read.
+    """
     try:
+        with runtime.pool_lock(key):
+            seen = as_rendered(key, runtime)
+            if seen is not None and runtime.skip_resync(key, seen):
+                runtime.metrics.resyncs_unchanged.inc()
+                refresh_from_ray_cluster(runtime.ray_cluster(key), key, runtime, written)
+                return None
         return reconcile_fresh(key, runtime, logger, written)
     finally:
         runtime.metrics.resyncs.inc()

@@ -10,7 +10,9 @@ resync (:mod:`~envpool_operator.reconcile`) and the autoscaler pass
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -21,6 +23,19 @@ from envpool_operator import status as status_mod
 
 #: (namespace, EnvPool name)
 Key = tuple[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Applied:
+    """What a pool's last successful apply wrote, as a resync can tell it again without
+    an API call: the digest of the rendered children (:func:`reconcile.children_digest`),
+    the EnvPool's generation, and the RayCluster's uid and generation (a hand edit of its
+    spec or a re-creation changes one of them; KubeRay's status writes change neither)."""
+
+    digest: str
+    pool_generation: int | None
+    ray_cluster_uid: str
+    ray_cluster_generation: int | None
 
 
 class Runtime:
@@ -48,6 +63,9 @@ class Runtime:
         #: Recent autoscaler recommendations of each autoscaled EnvPool (in memory: an
         #: operator restart starts a fresh scale-down window, which only delays shrinking).
         self._stabilizers: dict[Key, autoscaler.Stabilizer] = {}
+        #: Each pool's last successful apply, and how many resyncs may still skip
+        #: writing it again before one re-applies everything (:meth:`skip_resync`).
+        self._applied: dict[Key, tuple[Applied, int]] = {}
 
     def pool_lock(self, key: Key) -> threading.RLock:
         with self._lock:
@@ -113,6 +131,33 @@ class Runtime:
             self._ray_clusters.pop(key, None)
             self._pool_locks.pop(key, None)
             self._stabilizers.pop(key, None)
+            self._applied.pop(key, None)
+
+    # ------------------------------------------------------- applied children
+    def remember_applied(self, key: Key, applied: Applied) -> None:
+        """Every child of EnvPool ``key`` was just applied as ``applied`` says.
+
+        The next full re-apply by the resync comes ``resync_full_every`` passes later;
+        a pool's first one is staggered by its name, so that the pools of a burst do
+        not all re-apply in the same pass.
+        """
+        every = self.settings.resync_full_every
+        with self._lock:
+            if key in self._applied:
+                left = every - 1
+            else:
+                left = zlib.crc32(f"{key[0]}/{key[1]}".encode()) % every
+            self._applied[key] = (applied, left)
+
+    def skip_resync(self, key: Key, seen: Applied) -> bool:
+        """Whether a resync may leave EnvPool ``key``'s children alone: they render and
+        stand as last applied (``seen``) and no full re-apply is due (counted down)."""
+        with self._lock:
+            last = self._applied.get(key)
+            if last is None or last[0] != seen or last[1] <= 0:
+                return False
+            self._applied[key] = (last[0], last[1] - 1)
+            return True
 
     # ---------------------------------------------------------- RayClusters
     def remember_ray_cluster(self, key: Key, ray_cluster: Mapping[str, Any] | None) -> bool:

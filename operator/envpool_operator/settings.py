@@ -30,10 +30,16 @@ class Settings:
     metrics_port: int = 8000
     #: Address of the operator's /metrics; empty: 0.0.0.0 in a pod, else loopback.
     metrics_addr: str = ""
-    #: Seconds between level-triggered resyncs of every EnvPool (re-apply of
-    #: its children). Events drive the normal path; this only repairs drift
-    #: and missed events, and costs ~6 API calls per pool, so it is slow.
+    #: Seconds between level-triggered resyncs of every EnvPool. Events drive the
+    #: normal path; this only repairs drift and missed events. A pool whose children
+    #: render as last applied and whose RayCluster (from the watch) is as applied
+    #: costs no API call; the others are read and re-applied (2 GETs, 6 applies).
     resync_seconds: float = 300.0
+    #: Every this many resyncs a pool's children are re-applied even when nothing
+    #: seems changed: the operator may not read its ConfigMap, RBAC objects and
+    #: NetworkPolicy (create/patch only), so a hand edit of one of them is only
+    #: seen by applying it again. 1: every resync applies (the old behaviour).
+    resync_full_every: int = 12
     #: Longest delay between retries of a reconcile that hit a transient
     #: problem (KubeRay missing, quota, RBAC); delays double up to this.
     max_retry_seconds: float = 120.0
@@ -100,6 +106,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         metrics_port=_int(env, "ENVPOOL_OPERATOR_METRICS_PORT", Settings.metrics_port),
         metrics_addr=env.get("ENVPOOL_OPERATOR_METRICS_ADDR", "").strip(),
         resync_seconds=resync,
+        resync_full_every=_positive(env, "ENVPOOL_RESYNC_FULL_EVERY", Settings.resync_full_every),
         max_retry_seconds=_seconds(
             env, "ENVPOOL_MAX_RETRY_SECONDS", Settings.max_retry_seconds),
         max_workers_per_pool=_int(

@@ -45,11 +45,12 @@ IMPLS = ("remote_env", "remote_env_async", "remote_env_defaults", "remote_env_pi
 OFF_NODE_IMPLS = ("remote_env_on_node", "remote_env_off_node", "remote_env_off_node_ray")
 #: On request (``--impl``): the tuned and the default configs with ``copy=False``
 #: (observations handed out as views of the shared-memory batch, no copy out); the
-#: defaults with the actors' spin at ``"auto"`` and at a fixed 500 µs; the defaults of
-#: before the self-tuning (issue 34: one actor per core, one call each, no spin).
+#: defaults with the actors' spin at ``"auto"`` and at a fixed 500 µs; the layout of
+#: before the self-tuning (issue 34: one actor per core, one call each, no spin); the
+#: defaults of before issue 34 (``batch_wait_ms=2``, which also keeps that layout).
 EXTRA_IMPLS = ("remote_env_nocopy", "remote_env_defaults_nocopy",
                "remote_env_defaults_spinauto", "remote_env_defaults_spin500",
-               "remote_env_untuned")
+               "remote_env_untuned", "remote_env_wait2")
 #: the custom resources that place them (the simulated nodes advertise them)
 ON_NODE, OFF_NODE = "envpool_bench_driver_node", "envpool_bench_other_node"
 PEERS = ("gymnasium_sync", "gymnasium_async", "rllib_remote_base_env")
@@ -163,6 +164,7 @@ def bench(workload: str, n: int, seconds: float, reps: int, impls: list[str],
         "remote_env_defaults_spin500": lambda: run_remote_env(fn, n, seconds,
                                                               {"spin_us": 500.0}),
         "remote_env_untuned": lambda: run_remote_env(fn, n, seconds, untuned_config(n, cpus)),
+        "remote_env_wait2": lambda: run_remote_env(fn, n, seconds, {"batch_wait_ms": 2.0}),
         # the older data paths, at the defaults: compare with remote_env_defaults
         "remote_env_pickle": lambda: run_remote_env(fn, n, seconds, {"transport": "pickle"}),
         "remote_env_ray": lambda: run_remote_env(fn, n, seconds, {"transport": "ray"}),

@@ -51,8 +51,9 @@ def async_config(num_envs: int, cpus: int) -> dict[str, Any]:
 
 
 def untuned_config(num_envs: int, cpus: int) -> dict[str, Any]:
-    """The defaults before they tuned themselves (issue 34): one actor per core, one
-    call each, no spin; what ``remote_env_defaults`` ran until then."""
+    """The layout before it tuned itself (issue 34): one actor per core, one call each,
+    no spin (``batch_wait_ms`` the default: 0 since issue 34, 2 before; the defaults of
+    before as a whole are ``{"batch_wait_ms": 2}``, ``remote_env_wait2``)."""
     return {"envs_per_actor": -(-num_envs // max(1, cpus)), "splits_per_actor": 1,
             "spin_us": 0.0}
 

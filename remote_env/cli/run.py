@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from remote_env import entrypoints, errors, ray_connect
+from remote_env.driver import options
 from remote_env.spec.fields import FIELDS
 
 
@@ -39,8 +40,8 @@ def add_parser(sub: Any) -> None:
                    metavar="KEY=VALUE", help="keyword for the env (YAML value); repeatable")
     p.add_argument("--num-envs", type=int, default=16, help="sub-envs in the pool (default %(default)s)")
     p.add_argument("--envs-per-actor", type=int, default=None,
-                   help="sub-envs per Ray actor; one call steps them all (default: with "
-                   "--batch-wait-ms 0, picked from one env measured at start-up; otherwise "
+                   help="sub-envs per Ray actor; one call steps them all (default: at "
+                   "--batch-wait-ms 0, picked from one env measured at start-up; with a wait, "
                    "num-envs / CPUs; shown when the pool is ready)")
     p.add_argument("--threads-per-actor", type=int, default=_default("threadsPerActor"),
                    help="threads stepping each actor's envs, for envs that block on I/O "
@@ -48,8 +49,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--transport", choices=("auto", "ray"), default="auto",
                    help="auto: shared memory and a Unix socket to actors on this node, TCP to others; "
                    "ray: Ray calls only (default %(default)s)")
-    p.add_argument("--batch-wait-ms", type=float, default=_default("batchWaitMs"),
-                   help="how long recv() waits for more ready envs (default %(default)s)")
+    p.add_argument("--batch-wait-ms", type=float, default=options.DEFAULT_BATCH_WAIT_MS,
+                   help="how long recv() waits for more ready envs; 0: what is ready with "
+                   "the first (default %(default)s, the library's; -f: the pool's "
+                   "spec.batchWaitMs)")
     p.add_argument("--spin-us", type=_spin_us, default=None,
                    help="how long an actor on this node looks for the next call before it "
                    "sleeps; ~500 for cheap envs (see README); auto: 500 only while calls "
@@ -57,7 +60,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--splits-per-actor", type=int, default=None,
                    help="send each actor's envs as this many calls, so the actor steps one "
                    "split while the driver handles another; 2 with one actor per spare "
-                   "core (see README) (default: 1; with --batch-wait-ms 0, picked at start-up)")
+                   "core (see README) (default: picked at start-up at --batch-wait-ms 0; "
+                   "1 with a wait)")
     p.add_argument("--seconds", type=float, default=30.0, help="how long to run (Ctrl-C stops early)")
     p.add_argument("--seed", type=int, default=0, help="reset seed of env 0 (env i: seed+i)")
     p.add_argument("--num-cpus", type=int, default=2, help="CPUs of the embedded Ray")

@@ -12,6 +12,15 @@ from gymnasium.vector import AutoresetMode
 
 from remote_env import checks
 
+#: :class:`~remote_env.driver.vector.RemoteVectorEnv`'s ``batch_wait_ms`` when none is
+#: given: ``recv()`` returns what is ready with the first call to finish, waiting for no
+#: more (RLlib's ``remote_env_batch_wait_ms`` default, "continue when at least one env
+#: is ready"). Why 0: with a wait, ``recv()`` gathers every call that finishes within it,
+#: so an actor's splits (and the actors) come back together and the driver and the
+#: actors take turns instead of overlapping; the self-tuned layout pays only without it
+#: (README "Benchmarks", issue 34). Not the pools' default: ``spec.batchWaitMs`` (2) is
+#: part of the EnvPool CRD and of the rendered pods, and a pool's trainer gets its spec's.
+DEFAULT_BATCH_WAIT_MS = 0.0
 #: ``spin_us="auto"``: how long (µs) an actor looks for the next call before it sleeps,
 #: while the calls come back-to-back (the hand-tuned value of README "Benchmarks")
 AUTO_SPIN_US = 500.0

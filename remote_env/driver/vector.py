@@ -58,7 +58,7 @@ from remote_env.driver.links import Links
 from remote_env.driver.recovery import Recovery
 from remote_env.driver.results import ResultReader
 from remote_env.metrics import PoolMetrics
-from remote_env.spec.fields import DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_RESTARTS
+from remote_env.spec.fields import DEFAULT_MAX_RESTARTS
 
 TRANSPORTS = checks.TRANSPORTS
 log = logging.getLogger(__name__)
@@ -128,7 +128,8 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         envs_per_actor: sub-envs hosted by one actor; one call steps them all.
             None (default): the library picks (:mod:`remote_env.driver.tuning`, shown in
             ``repr(envs)``, ``envs.tuning`` and the log). On a one-node Ray with
-            ``transport="auto"`` and no ``actor_options``/``threads_per_actor``, one env
+            ``transport="auto"``, ``batch_wait_ms=0`` (the default) and no
+            ``actor_options``/``threads_per_actor``, one env
             is built here, as gymnasium's ``AsyncVectorEnv`` builds one to read its
             spaces, and stepped a few times (at most 32 steps or 50 ms, its own seed,
             then closed) to measure its step and observation size: envs whose data
@@ -136,7 +137,14 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             splits, the others one actor per core. Otherwise (or if that env cannot be
             built or stepped here): ``ceil(num_envs / CPUs of the Ray cluster)``.
             Pass a number to skip the measuring.
-        batch_wait_ms: how long :meth:`recv` waits for more envs once called.
+        batch_wait_ms: how long :meth:`recv` waits for more envs once called: it returns
+            the calls that finished within it (at once if they all did), else the first
+            to finish after it. 0 (default, as RLlib's ``remote_env_batch_wait_ms``):
+            whatever is ready with the first call to finish, so an actor's splits and
+            the actors overlap with the driver instead of coming back together (smaller
+            batches, more of them). :meth:`step` always returns every env, whatever this
+            is. A pool's trainer (:meth:`from_pool`) gets the pool's ``spec.batchWaitMs``
+            (2 unless set). Before issue 34 the default was 2.
         autoreset_mode: gymnasium autoreset mode (NEXT_STEP, SAME_STEP, DISABLED).
         copy: return copies of observations (as ``SyncVectorEnv`` does). False (as
             ``AsyncVectorEnv(copy=False)``): no copy out. :meth:`recv` returns the
@@ -235,7 +243,7 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
         env_fns: Sequence[EnvFn],
         *,
         envs_per_actor: int | None = None,
-        batch_wait_ms: float = DEFAULT_BATCH_WAIT_MS,
+        batch_wait_ms: float = options_mod.DEFAULT_BATCH_WAIT_MS,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         copy: bool = True,
         observation_mode: str | tuple[gym.spaces.Space[Any], gym.spaces.Space[Any]] = "same",
@@ -759,6 +767,9 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
 
     def recv(self, timeout: float | None = None) -> Results:
         """Return the sub-envs that are ready within ``batch_wait_ms`` (at least one).
+
+        At ``batch_wait_ms=0`` (the default) that is what is ready with the first call
+        to finish: one actor's envs (one split's) or a few, not every env sent.
 
         Returns ``(obs, rewards, terminations, truncations, infos)`` for the ready
         envs only; their ids are in ``infos["env_id"]`` (ascending). An env whose

@@ -94,10 +94,13 @@ def test_bad_input_is_a_usage_error() -> None:
 
 
 def test_run_defaults_are_the_envpool_specs() -> None:
-    # `envpool run --env X` and `envpool run -f pool.yaml` must run a pool alike
+    # `envpool run --env X` and `envpool run -f pool.yaml` must run a pool alike; the
+    # batch window is the library's (0 since issue 34: the pool's spec.batchWaitMs, 2, is
+    # in the CRD and its rendered pods, and stays), which -f leaves to the pool's spec
     import argparse
+    import inspect
 
-    from remote_env import spec
+    from remote_env import RemoteVectorEnv, spec
     from remote_env.cli import run
 
     sub = argparse.ArgumentParser().add_subparsers()
@@ -105,8 +108,11 @@ def test_run_defaults_are_the_envpool_specs() -> None:
     args = sub.choices["run"].parse_args([])
     model = spec.parse_spec({"env": {"id": "CartPole-v1"}, "replicas": 1}, name="x")
     ft = model.fault_tolerance
-    assert (args.max_restarts, args.step_timeout, args.batch_wait_ms, args.threads_per_actor) \
-        == (ft.max_restarts, ft.step_timeout_seconds, model.batch_wait_ms, model.threads_per_actor)
+    assert (args.max_restarts, args.step_timeout, args.threads_per_actor) \
+        == (ft.max_restarts, ft.step_timeout_seconds, model.threads_per_actor)
+    library = inspect.signature(RemoteVectorEnv).parameters["batch_wait_ms"].default
+    assert args.batch_wait_ms == library == 0.0
+    assert model.batch_wait_ms == 2
 
 
 def test_a_runtime_env_ray_rejects_is_a_usage_error(tmp_path: Path) -> None:

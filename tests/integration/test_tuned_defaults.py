@@ -62,3 +62,36 @@ def test_given_values_win_and_skip_the_measuring() -> None:
             assert want[4] in remote.tuning.why, remote.tuning.why
         finally:
             remote.close()
+
+
+def test_no_arguments_is_batch_wait_0_and_the_tuned_layout() -> None:
+    """The defaults (issue 34): recv() waits for no more than the first call to finish,
+    so the picked layout applies with no flags; step() still returns every env, and
+    recv() returns one split's envs while the other split steps."""
+    n = 16
+    remote = RemoteVectorEnv([examples.ImageEnv] * n)
+    sync = gym.vector.SyncVectorEnv([examples.ImageEnv] * n)
+    try:
+        assert remote.batch_wait_ms == 0.0
+        assert (len(remote.actors), remote.envs_per_actor, remote.splits_per_actor) == (1, 16, 2)
+        assert "a core left to the driver" in remote.tuning.why
+        np.testing.assert_array_equal(remote.reset(seed=3)[0], sync.reset(seed=3)[0])
+        rng = np.random.default_rng(1)
+        for _ in range(3):
+            a = rng.integers(0, 4, size=n)
+            assert_same_step(remote.step(a), sync.step(a))  # all 16, as SyncVectorEnv
+        sizes = []
+        remote.send(rng.integers(0, 4, size=n))
+        stepped = np.zeros(n, dtype=np.int64)
+        for _ in range(60):
+            ids = remote.recv()[4]["env_id"]
+            assert list(ids) == sorted(ids) and len(ids)
+            sizes.append(len(ids))
+            stepped[ids] += 1
+            remote.send(rng.integers(0, 4, size=len(ids)), ids)
+        # every env kept stepping, and the splits came back apart (a wait gathers them)
+        assert stepped.min() >= 1, stepped
+        assert min(sizes) < n, sizes
+    finally:
+        remote.close()
+        sync.close()

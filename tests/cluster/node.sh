@@ -19,6 +19,7 @@
 # it (toleration + nodeSelector $NODE_LABEL) run there; the kwok nodes keep the rest.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+close_inherited_fds
 
 ND="$NODE_DIR"
 CTRD_SOCK="$ND/containerd/containerd.sock"

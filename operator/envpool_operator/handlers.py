@@ -15,7 +15,7 @@ from typing import Any, cast
 import kopf
 import prometheus_client
 
-from envpool_operator import kube, names, reconcile, scaling
+from envpool_operator import gcs_store, kube, names, reconcile, scaling
 from envpool_operator import metrics as metrics_mod
 from envpool_operator import runtime as runtime_mod
 from envpool_operator import settings as settings_mod
@@ -159,8 +159,18 @@ def pool_event_fn(
     runtime = _runtime(memo)
     key = (body.metadata.namespace or "", body.metadata.name or "")
     if type == "DELETED":
+        last_rc = runtime.ray_cluster(key)
         runtime.forget(key)
         _written(memo).forget(key)
+        if last_rc is not None and gcs_store.uses_own_redis(last_rc):
+            # its RayCluster may have been marked for deletion before the EnvPool went
+            # (a namespace deleted): its event then found the EnvPool still there
+            try:
+                rc = kube.get_ray_cluster(*key)
+                if rc is not None:
+                    reconcile.release_redis_cleanup(rc, logger)
+            except kube.ApiProblem as exc:
+                logger.warning(f"RayCluster {key[0]}/{key[1]}: {exc}")
         return
     runtime.remember_pool(key, body)
     if body.metadata.deletion_timestamp or runtime.ray_cluster(key) is None:
@@ -193,6 +203,8 @@ def ray_cluster_event_fn(
     key = (body.metadata.namespace or "", pool_name)
     rc = None if type == "DELETED" else dict(body)
     try:
+        if rc is not None and reconcile.release_redis_cleanup(rc, logger):
+            return  # it is going: nothing of it to report
         head = reconcile.refresh_from_ray_cluster(rc, key, runtime, _written(memo))
         if head is not None:
             # the head's outage and recovery, on the EnvPool (kubectl describe epool)

@@ -68,6 +68,15 @@ def journey(kube_cluster: Any, real_node: RealNode) -> Iterator[Journey]:
         yield j
     finally:
         print(f"\n[headft] figures: {j.figures}")
+        # the EnvPool first, while the operator runs: it lifts KubeRay's Redis-cleanup
+        # finalizer (its Redis goes with the pool), so the namespace does not wait for
+        # KubeRay's timeout (README, "Delete fault-tolerant pools before their namespace")
+        kube_cluster.kubectl("delete", "epool", "--all", "-n", ns, "--wait=false", check=False)
+        t_del = time.monotonic()
+        while time.monotonic() - t_del < 120 and kube_cluster.kubectl(
+                "get", "raycluster", POOL, "-n", ns, check=False).returncode == 0:
+            time.sleep(1)
+        print(f"[headft] EnvPool deleted -> its RayCluster gone: {time.monotonic() - t_del:.1f}s")
         kube_cluster.helm("uninstall", j.release, "-n", ns, "--wait", check=False)
         kube_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         for k, v in j.figures.items():

@@ -17,7 +17,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -44,6 +44,7 @@ POOL = "headft"
 ENVS = 16
 #: RemoteVectorEnv.from_pool's default lease_timeout_s.
 LEASE_TTL_S = 60.0
+T = TypeVar("T")
 #: The head pod deleted -> a new head whose pool server has every env, at most: 72-115 s
 #: on a quiet machine, 361.8 s once in a CI rehearsal beside other runs (the kubelet's
 #: secret and configmap caches timing out: tests/cluster/node.sh now has it GET them).
@@ -108,17 +109,23 @@ def _redis_pod(j: Journey) -> dict[str, Any] | None:
     return running[0] if running else None
 
 
-def _stop(j: Journey, name: str) -> dict[str, Any]:
-    """Journey.stop_stepping, asked again when the API server did not answer (the shared
-    2-core machine: a TLS handshake timeout lost a whole run's trainer figures once)."""
+def _retried(call: Callable[[], T]) -> T:
+    """``call()``, asked again when the API server did not answer (the shared 2-core
+    machine: a TLS handshake timeout lost a whole run's trainer figures once, and failed
+    a run at load average ~175 beside other tests' Ray clusters)."""
     for attempt in range(4):
         try:
-            return j.stop_stepping(name)
+            return call()
         except pytest.fail.Exception:
             if attempt == 3:
                 raise
             time.sleep(5)
     raise AssertionError("unreachable")
+
+
+def _stop(j: Journey, name: str) -> dict[str, Any]:
+    """Journey.stop_stepping, asked again when the API server did not answer."""
+    return _retried(lambda: j.stop_stepping(name))
 
 
 def _ensure_pool(j: Journey) -> None:
@@ -184,6 +191,13 @@ def _new_head_serving(j: Journey, old_head_uid: str, timeout: float,
                                   what="a new head whose pool server has every env"))
 
 
+def _free_leases(j: Journey, names: tuple[str, str]) -> None:
+    """Delete the trainer Jobs (stopped or not): a trainer left stepping after a failure
+    holds its lease, and the next test's trainers found no free env."""
+    for name in names:
+        j.kube.kubectl("delete", "job", name, "-n", j.ns, "--wait=false", check=False)
+
+
 def _through_the_outage(j: Journey, prefix: str, names: tuple[str, str], before: dict[str, Any],
                         after: dict[str, Any], t0: float, steps_at_delete: dict[str, int],
                         events_before: dict[str, int]) -> None:
@@ -193,6 +207,18 @@ def _through_the_outage(j: Journey, prefix: str, names: tuple[str, str], before:
     env actors, a HeadUnavailable and a HeadRecovered Event more, the same leases, also
     past one lease ttl (renewed through the new head), and every step of both trainers
     answered without an error."""
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        _check_the_outage(j, prefix, names, before, after, t0, steps_at_delete, events_before,
+                          results)
+    finally:
+        if len(results) < len(names):  # failed before stopping them: free their leases
+            _free_leases(j, names)
+
+
+def _check_the_outage(j: Journey, prefix: str, names: tuple[str, str], before: dict[str, Any],
+                      after: dict[str, Any], t0: float, steps_at_delete: dict[str, int],
+                      events_before: dict[str, int], results: dict[str, dict[str, Any]]) -> None:
     server_ready_s = time.monotonic() - t0
     j.figures[f"{prefix}head_deleted_to_pool_server_ready_s"] = server_ready_s
     j.wait_ready(timeout=180)
@@ -206,19 +232,20 @@ def _through_the_outage(j: Journey, prefix: str, names: tuple[str, str], before:
     print(f"[headft] leases before {leases_before}\n[headft] leases after  {_leases(after)}")
     recreated = sum(1 for slot, aid in ids_after.items() if ids_before.get(slot) != aid)
     j.figures[f"{prefix}actors_recreated"] = recreated
-    head_cond = _head_condition(j)
-    events = _head_events(j)
+    head_cond = _retried(lambda: _head_condition(j))
+    events = _retried(lambda: _head_events(j))
     print(f"[headft] HeadAvailable {head_cond}\n[headft] Events before {events_before}, after {events}")
 
     # A lease rebuilt by the restarted lease actor gets one full ttl (60 s): after more
     # than that, only the trainers' heartbeats (renewals through the new head) keep it.
     time.sleep(max(0.0, LEASE_TTL_S + 10 - (time.monotonic() - t0 - server_ready_s)))
-    later = j.server_status()
+    later = _retried(j.server_status)
     print(f"[headft] leases {LEASE_TTL_S + 10:.0f}s after the new pool server: {_leases(later)}")
     renewed = _leases(later) == leases_before
     j.figures[f"{prefix}leases_kept_past_one_ttl"] = float(renewed)
 
-    results = {n: _stop(j, n) for n in names}
+    for n in names:
+        results[n] = _stop(j, n)
     print(f"[headft] trainers: {results}")
     for name, res in results.items():
         j.figures[f"{name}_steps"] = res["steps"]
@@ -245,13 +272,16 @@ def test_the_head_pod_deleted_while_two_trainers_step(journey: Journey) -> None:
 
     names = ("ft-a", "ft-b")
     before = _start_trainers(j, names)
-    events_before = _head_events(j)
-    (head,) = j.pods("head")
-    steps_at_delete = {n: j.progress(n) for n in names}
-    t0 = time.monotonic()
-    j.kube.kubectl("delete", "pod", head["metadata"]["name"], "-n", j.ns, "--wait=false")
-    after = _new_head_serving(j, head["metadata"]["uid"], timeout=HEAD_RECOVERY_S)
-    _through_the_outage(j, "", names, before, after, t0, steps_at_delete, events_before)
+    try:
+        events_before = _retried(lambda: _head_events(j))
+        (head,) = j.pods("head")
+        steps_at_delete = {n: j.progress(n) for n in names}
+        t0 = time.monotonic()
+        j.kube.kubectl("delete", "pod", head["metadata"]["name"], "-n", j.ns, "--wait=false")
+        after = _new_head_serving(j, head["metadata"]["uid"], timeout=HEAD_RECOVERY_S)
+        _through_the_outage(j, "", names, before, after, t0, steps_at_delete, events_before)
+    finally:
+        _free_leases(j, names)
     redis = _redis_pod(j)
     rss = peak_rss_bytes(redis["metadata"]["uid"]) if redis else None
     if rss is not None:
@@ -270,87 +300,90 @@ def test_the_pool_server_and_the_operator_killed_during_the_head_outage(journey:
     _ensure_pool(j)
     names = ("ft-c", "ft-d")
     before = _start_trainers(j, names)
-    events_before = _head_events(j)
-    (head,) = j.pods("head")
-    operator = j.operator_pod()
-    operator_restarts = restart_count(operator, "operator")
-    steps_at_delete = {n: j.progress(n) for n in names}
-    t0 = time.monotonic()
-    j.kube.kubectl("delete", "pod", head["metadata"]["name"], "-n", j.ns, "--wait=false")
+    try:
+        events_before = _retried(lambda: _head_events(j))
+        (head,) = j.pods("head")
+        operator = _retried(j.operator_pod)
+        operator_restarts = restart_count(operator, "operator")
+        steps_at_delete = {n: j.progress(n) for n in names}
+        t0 = time.monotonic()
+        j.kube.kubectl("delete", "pod", head["metadata"]["name"], "-n", j.ns, "--wait=false")
 
-    def recovering() -> bool:
-        try:
-            return _head_condition(j).get("reason") == "HeadRecovering"
-        except (pytest.fail.Exception, StopIteration):
-            return False
+        def recovering() -> bool:
+            try:
+                return _head_condition(j).get("reason") == "HeadRecovering"
+            except (pytest.fail.Exception, StopIteration):
+                return False
 
-    j.kube.wait_until(recovering, timeout=120, interval=0.5,
-                      what="the operator marking the head's outage (HeadRecovering)")
-    killed = sigkill_container(operator, "operator")
-    j.figures["kills_operator_killed_s"] = time.monotonic() - t0
-    print(f"\n[headft] operator {operator['metadata']['name']}: SIGKILLed pids {killed} "
-          f"{j.figures['kills_operator_killed_s']:.1f}s after the head's delete")
+        j.kube.wait_until(recovering, timeout=120, interval=0.5,
+                          what="the operator marking the head's outage (HeadRecovering)")
+        killed = sigkill_container(operator, "operator")
+        j.figures["kills_operator_killed_s"] = time.monotonic() - t0
+        print(f"\n[headft] operator {operator['metadata']['name']}: SIGKILLed pids {killed} "
+              f"{j.figures['kills_operator_killed_s']:.1f}s after the head's delete")
 
-    def adopted() -> dict[str, Any] | None:
-        try:
-            pods = j.pods("head")
-            if len(pods) != 1 or pods[0]["metadata"]["uid"] == head["metadata"]["uid"]:
+        def adopted() -> dict[str, Any] | None:
+            try:
+                pods = j.pods("head")
+                if len(pods) != 1 or pods[0]["metadata"]["uid"] == head["metadata"]["uid"]:
+                    return None
+                logs = j.kube.kubectl("logs", pods[0]["metadata"]["name"], "-n", j.ns, "-c",
+                                      "pool-server", check=False).stdout
+            except pytest.fail.Exception:
                 return None
-            logs = j.kube.kubectl("logs", pods[0]["metadata"]["name"], "-n", j.ns, "-c",
-                                  "pool-server", check=False).stdout
-        except pytest.fail.Exception:
-            return None
-        return pods[0] if "adopted" in logs else None
+            return pods[0] if "adopted" in logs else None
 
-    new_head = j.kube.wait_until(adopted, timeout=HEAD_RECOVERY_S, interval=0.5,
-                                 what="the new head's pool server adopting the actors")
-    kill_pool_server(j, new_head["metadata"]["name"])
-    j.figures["kills_pool_server_killed_s"] = time.monotonic() - t0
-    ready_at_kill = next((c["status"] for c in new_head["status"].get("conditions") or ()
-                          if c["type"] == "Ready"), "")
-    print(f"[headft] pool server of {new_head['metadata']['name']} (pod Ready: {ready_at_kill}) "
-          f"SIGKILLed {j.figures['kills_pool_server_killed_s']:.1f}s after the head's delete")
+        new_head = j.kube.wait_until(adopted, timeout=HEAD_RECOVERY_S, interval=0.5,
+                                     what="the new head's pool server adopting the actors")
+        kill_pool_server(j, new_head["metadata"]["name"])
+        j.figures["kills_pool_server_killed_s"] = time.monotonic() - t0
+        ready_at_kill = next((c["status"] for c in new_head["status"].get("conditions") or ()
+                              if c["type"] == "Ready"), "")
+        print(f"[headft] pool server of {new_head['metadata']['name']} (pod Ready: {ready_at_kill}) "
+              f"SIGKILLed {j.figures['kills_pool_server_killed_s']:.1f}s after the head's delete")
 
-    # the second pool server of the new head, not the first (killed above)
-    after = _new_head_serving(j, head["metadata"]["uid"], timeout=HEAD_RECOVERY_S,
-                              also=lambda pod: restart_count(pod, "pool-server") >= 1)
-    (served,) = j.pods("head")
-    logs = {gen: j.kube.kubectl("logs", served["metadata"]["name"], "-n", j.ns, "-c", "pool-server",
-                                *flags, check=False).stdout
-            for gen, flags in (("killed", ("--previous",)), ("restarted", ()))}
-    for gen, text in logs.items():
-        print(f"[headft] {gen} pool server: " + " | ".join(
-            ln for ln in text.splitlines() if "adopted" in ln or "lease actor" in ln))
+        # the second pool server of the new head, not the first (killed above)
+        after = _new_head_serving(j, head["metadata"]["uid"], timeout=HEAD_RECOVERY_S,
+                                  also=lambda pod: restart_count(pod, "pool-server") >= 1)
+        (served,) = j.pods("head")
+        logs = {gen: j.kube.kubectl("logs", served["metadata"]["name"], "-n", j.ns, "-c", "pool-server",
+                                    *flags, check=False).stdout
+                for gen, flags in (("killed", ("--previous",)), ("restarted", ()))}
+        for gen, text in logs.items():
+            print(f"[headft] {gen} pool server: " + " | ".join(
+                ln for ln in text.splitlines() if "adopted" in ln or "lease actor" in ln))
 
-    def operator_back() -> dict[str, Any] | None:
-        try:
-            pod = j.operator_pod()
-        except (pytest.fail.Exception, ValueError):
-            return None
-        (c,) = [c for c in pod["status"].get("containerStatuses") or () if c["name"] == "operator"]
-        return pod if c.get("ready") and int(c["restartCount"]) > operator_restarts else None
+        def operator_back() -> dict[str, Any] | None:
+            try:
+                pod = j.operator_pod()
+            except (pytest.fail.Exception, ValueError):
+                return None
+            (c,) = [c for c in pod["status"].get("containerStatuses") or () if c["name"] == "operator"]
+            return pod if c.get("ready") and int(c["restartCount"]) > operator_restarts else None
 
-    op_after = j.kube.wait_until(operator_back, timeout=180, interval=1,
-                                 what="the operator's container restarted and ready")
-    _through_the_outage(j, "kills_", names, before, after, t0, steps_at_delete, events_before)
+        op_after = j.kube.wait_until(operator_back, timeout=180, interval=1,
+                                     what="the operator's container restarted and ready")
+        _through_the_outage(j, "kills_", names, before, after, t0, steps_at_delete, events_before)
 
-    (op_status,) = [c for c in op_after["status"]["containerStatuses"] if c["name"] == "operator"]
-    op_started = op_status["state"]["running"]["startedAt"]
-    head_cond = _head_condition(j)
-    (served,) = j.pods("head")
-    j.figures["kills_operator_restarts"] = restart_count(op_after, "operator") - operator_restarts
-    j.figures["kills_pool_server_restarts"] = restart_count(served, "pool-server")
-    print(f"[headft] operator restarted at {op_started}; HeadAvailable since "
-          f"{head_cond['lastTransitionTime']}: {head_cond['reason']}")
-    assert served["metadata"]["uid"] == new_head["metadata"]["uid"], "the new head was replaced"
-    assert j.figures["kills_pool_server_restarts"] == 1, served["status"]["containerStatuses"]
-    assert j.figures["kills_operator_restarts"] == 1, op_after["status"]["containerStatuses"]
-    # the outage's end was written by the restarted operator (second-resolution RFC 3339
-    # times compare as strings)
-    assert head_cond["lastTransitionTime"] >= op_started, (head_cond, op_started)
-    # both pool servers adopted the same actors, and neither started an env actor
-    for gen, text in logs.items():
-        assert f"adopted {len(_actor_ids(before))} actors" in text, (gen, text[-3000:])
+        (op_status,) = [c for c in op_after["status"]["containerStatuses"] if c["name"] == "operator"]
+        op_started = op_status["state"]["running"]["startedAt"]
+        head_cond = _retried(lambda: _head_condition(j))
+        (served,) = _retried(lambda: j.pods("head"))
+        j.figures["kills_operator_restarts"] = restart_count(op_after, "operator") - operator_restarts
+        j.figures["kills_pool_server_restarts"] = restart_count(served, "pool-server")
+        print(f"[headft] operator restarted at {op_started}; HeadAvailable since "
+              f"{head_cond['lastTransitionTime']}: {head_cond['reason']}")
+        assert served["metadata"]["uid"] == new_head["metadata"]["uid"], "the new head was replaced"
+        assert j.figures["kills_pool_server_restarts"] == 1, served["status"]["containerStatuses"]
+        assert j.figures["kills_operator_restarts"] == 1, op_after["status"]["containerStatuses"]
+        # the outage's end was written by the restarted operator (second-resolution RFC 3339
+        # times compare as strings)
+        assert head_cond["lastTransitionTime"] >= op_started, (head_cond, op_started)
+        # both pool servers adopted the same actors, and neither started an env actor
+        for gen, text in logs.items():
+            assert f"adopted {len(_actor_ids(before))} actors" in text, (gen, text[-3000:])
+    finally:
+        _free_leases(j, names)
 
 
 #: The Redis pod deleted -> the pool server with every env again, at most: measured 49.4 s

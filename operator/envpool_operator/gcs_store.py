@@ -30,6 +30,7 @@ The Redis is the operator's own, one per pool, unless ``redisAddress`` names one
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final
 
 from envpool_operator import names
@@ -50,6 +51,64 @@ REDIS_RESOURCES: Final[dict[str, dict[str, str]]] = {
     # no maxmemory in Redis: an eviction would drop GCS tables; the pod limit bounds it
     "limits": {"memory": "512Mi"},
 }
+
+
+#: KubeRay's finalizer on a RayCluster with GCS fault tolerance: its deletion waits for
+#: a Job KubeRay creates in the namespace to delete the cluster's keys from Redis.
+KUBERAY_CLEANUP_FINALIZER: Final = "ray.io/gcs-ft-redis-cleanup-finalizer"
+
+
+def own_redis_cleanup_pending(ray_cluster: Mapping[str, Any]) -> str | None:
+    """The pool's name when ``ray_cluster`` is being deleted and KubeRay's Redis-cleanup
+    finalizer holds it for a Redis of the operator's own (its Service and password
+    Secret ``<pool>-redis``, in the RayCluster's namespace); None otherwise (no deletion,
+    no finalizer, no fault tolerance, or a Redis the user named: its keys outlive the
+    pool, and KubeRay's cleanup of them matters).
+
+        >>> rc = {"metadata": {"name": "cp", "namespace": "ns", "deletionTimestamp": "t",
+        ...                    "finalizers": [KUBERAY_CLEANUP_FINALIZER],
+        ...                    "labels": {names.POOL_LABEL: "cp"}},
+        ...       "spec": {"gcsFaultToleranceOptions": {
+        ...           "redisAddress": "cp-redis.ns.svc:6379", "redisPassword": {"valueFrom": {
+        ...               "secretKeyRef": {"name": "cp-redis", "key": "password"}}}}}}
+        >>> own_redis_cleanup_pending(rc)
+        'cp'
+        >>> rc["spec"]["gcsFaultToleranceOptions"]["redisAddress"] = "redis.infra.svc:6379"
+        >>> own_redis_cleanup_pending(rc) is None
+        True
+    """
+    meta = ray_cluster.get("metadata") or {}
+    if not meta.get("deletionTimestamp") or KUBERAY_CLEANUP_FINALIZER not in (
+            meta.get("finalizers") or ()):
+        return None
+    return uses_own_redis(ray_cluster)
+
+
+def uses_own_redis(ray_cluster: Mapping[str, Any]) -> str | None:
+    """The pool's name when ``ray_cluster``'s GCS writes to the operator's own Redis for
+    it (address and password Secret ``<pool>-redis`` in its namespace), else None."""
+    meta = ray_cluster.get("metadata") or {}
+    pool_name = str((meta.get("labels") or {}).get(names.POOL_LABEL) or "")
+    opts = (ray_cluster.get("spec") or {}).get("gcsFaultToleranceOptions") or {}
+    ref = ((opts.get("redisPassword") or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
+    own = f"{redis_name(pool_name)}.{meta.get('namespace')}.svc:{REDIS_PORT}"
+    if not pool_name or opts.get("redisAddress") != own or ref.get("name") != redis_name(pool_name):
+        return None
+    return pool_name
+
+
+def redis_goes_with_pool(ray_cluster: Mapping[str, Any], pool: Mapping[str, Any] | None) -> bool:
+    """Whether the EnvPool that owns ``ray_cluster`` is gone or being deleted: ``pool`` is
+    the EnvPool of its name as read now (None: absent; another uid: a new EnvPool of the
+    same name). Its own Redis is garbage-collected with it, so a cleanup of the keys
+    there guards nothing; in a namespace being deleted KubeRay cannot even create the
+    cleanup Job, and holds the RayCluster, and the namespace, until its own timeout."""
+    if pool is None:
+        return True
+    meta = pool.get("metadata") or {}
+    owners = {ref.get("uid") for ref in (ray_cluster.get("metadata") or {}).get("ownerReferences") or ()
+              if ref.get("kind") == spec_mod.KIND}
+    return meta.get("uid") not in owners or bool(meta.get("deletionTimestamp"))
 
 
 def redis_name(pool_name: str) -> str:

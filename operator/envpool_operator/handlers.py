@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
-from envpool_operator import kube, names, reconcile, scaling
+from envpool_operator import gcs_store, kube, names, reconcile, scaling
 from envpool_operator import metrics as metrics_mod
 from envpool_operator import runtime as runtime_mod
 from envpool_operator import settings as settings_mod
@@ -173,6 +173,11 @@ async def pool_event_fn(
     if type == "DELETED":
         runtime.forget(key)
         _written(memo).forget(key)
+        # Its RayCluster may have been marked for deletion before the EnvPool went (a
+        # namespace deleted): that event found the EnvPool still there. Read the
+        # RayCluster itself (the cached copy is slim: no gcsFaultToleranceOptions), off
+        # kopf's event loop; one GET per deleted pool.
+        await asyncio.to_thread(_release_after_pool, key, logger)
         return
     runtime.remember_pool(key, body)
     if body.metadata.deletion_timestamp or runtime.ray_cluster(key) is None:
@@ -213,9 +218,34 @@ async def ray_cluster_event_fn(
     runtime = _runtime(memo)
     pool_name = body.metadata.labels.get(names.POOL_LABEL, "")
     key = (body.metadata.namespace or "", pool_name)
+    # Rare (a RayCluster of ours held by KubeRay's Redis cleanup), and it makes API
+    # calls: off kopf's event loop. True: it is going, nothing of it to report.
+    if (type != "DELETED" and gcs_store.own_redis_cleanup_pending(body) is not None
+            and await asyncio.to_thread(_release_redis_cleanup, dict(body), logger)):
+        return
     runtime.remember_ray_cluster(key, None if type == "DELETED" else body)
     refresher: reconcile.RayClusterRefresher = memo.envpool_refresher
     refresher.submit(key, deleted=type == "DELETED", logger=logger)
+
+
+def _release_after_pool(key: tuple[str, str], logger: Any) -> None:
+    try:
+        rc = kube.get_ray_cluster(*key)
+        if rc is not None:
+            reconcile.release_redis_cleanup(rc, logger)
+    except kube.ApiProblem as exc:
+        logger.warning(f"RayCluster {key[0]}/{key[1]}: removing KubeRay's Redis-cleanup "
+                       f"finalizer failed: {exc}")
+
+
+def _release_redis_cleanup(ray_cluster: dict[str, Any], logger: Any) -> bool:
+    try:
+        return reconcile.release_redis_cleanup(ray_cluster, logger)
+    except kube.ApiProblem as exc:
+        logger.warning(f"RayCluster {ray_cluster['metadata'].get('namespace')}/"
+                       f"{ray_cluster['metadata'].get('name')}: removing KubeRay's Redis-cleanup "
+                       f"finalizer failed: {exc}; the next event retries")
+        return False
 
 
 @kopf.on.delete(G, V, P, optional=True)

@@ -27,6 +27,7 @@ FIELD_MANAGER: Final = "envpool-operator"
 REQUEST_TIMEOUT: Final = 30.0
 APPLY: Final = "application/apply-patch+yaml"
 MERGE: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
 
 #: apiVersion/kind -> (API prefix, plural) for the kinds the operator writes.
 _KINDS: Final[dict[tuple[str, str], tuple[str, str]]] = {
@@ -302,6 +303,28 @@ def get(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any
 
 def get_ray_cluster(namespace: str, name: str) -> dict[str, Any] | None:
     return get("ray.io/v1", "RayCluster", namespace, name)
+
+
+def remove_finalizer(obj: Mapping[str, Any], finalizer: str) -> bool:
+    """Take ``finalizer`` off ``obj`` (as read), if its finalizers are still what was read
+    (a JSON patch ``test``: a concurrent change is never overwritten; the caller sees the
+    object again and decides again). Whether this call removed it."""
+    meta = obj["metadata"]
+    found = list(meta.get("finalizers") or ())
+    if finalizer not in found:
+        return False
+    path = _path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+    ops = [{"op": "test", "path": "/metadata/finalizers", "value": found},
+           {"op": "replace", "path": "/metadata/finalizers",
+            "value": [f for f in found if f != finalizer]}]
+    try:
+        _request("PATCH", path, body=ops, content_type=JSON_PATCH)
+    except k8s_exceptions.ApiException as exc:
+        if exc.status in (404, 422):
+            return False  # gone, or its finalizers changed since: decided again on its next event
+        raise problem_from_api_error(
+            exc, f"removing finalizer {finalizer} of {obj['kind']} {meta['namespace']}/{meta['name']}") from exc
+    return True
 
 
 def patch_envpool_status(namespace: str, name: str, status: Mapping[str, Any]) -> None:

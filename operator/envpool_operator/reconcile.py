@@ -397,6 +397,29 @@ class StatusWrites:
             self._last.pop(key, None)
 
 
+def release_redis_cleanup(ray_cluster: Mapping[str, Any], logger: Any) -> bool:
+    """Take KubeRay's Redis-cleanup finalizer off a RayCluster being deleted whose Redis is
+    the operator's own and goes with its EnvPool (:func:`gcs_store.own_redis_cleanup_pending`,
+    :func:`gcs_store.redis_goes_with_pool`): the keys to clean go with the Redis, and in a
+    namespace being deleted KubeRay's cleanup Job is refused, which held the RayCluster
+    and the namespace 15-22 minutes (KubeRay's timeout under its retry backoff). A
+    Redis the user named keeps KubeRay's cleanup. Whether the finalizer was removed."""
+    pool_name = gcs_store.own_redis_cleanup_pending(ray_cluster)
+    if pool_name is None:
+        return False
+    meta = ray_cluster["metadata"]
+    pool = kube.get(spec_mod.API_VERSION, spec_mod.KIND, meta["namespace"], pool_name)
+    if not gcs_store.redis_goes_with_pool(ray_cluster, pool):
+        return False
+    removed = kube.remove_finalizer({**ray_cluster, "apiVersion": "ray.io/v1", "kind": "RayCluster"},
+                                    gcs_store.KUBERAY_CLEANUP_FINALIZER)
+    if removed:
+        logger.info(f"RayCluster {meta['namespace']}/{meta['name']}: removed KubeRay's "
+                    f"{gcs_store.KUBERAY_CLEANUP_FINALIZER}: its Redis "
+                    f"{gcs_store.redis_name(pool_name)} goes with EnvPool {pool_name}")
+    return removed
+
+
 def refresh_from_ray_cluster(
     ray_cluster: Mapping[str, Any] | None, pool_key: tuple[str, str],
     runtime: runtime_mod.Runtime, written: StatusWrites | None = None,

@@ -114,3 +114,15 @@ apt_install() {
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >&2 \
     || die "apt-get install ${missing[*]} failed"
 }
+
+# flock(1) hands the command it runs its lock's fd (fd 3 of `flock FILE cmd`), and a
+# daemon started from that command keeps it, and so the lock, for as long as it runs:
+# a kubelet restarted by `flock /tmp/envpool-cluster.lock ... node.sh up` held every
+# later flock of that file waiting. The scripts that start daemons (up.sh, node.sh)
+# close what they inherited above stderr first; 255 is bash's own copy of the script.
+close_inherited_fds() {
+  local fd
+  for fd in $(ls /proc/$$/fd); do
+    case $fd in 0 | 1 | 2 | 255) ;; *) eval "exec $fd>&-" 2>/dev/null || true ;; esac
+  done
+}

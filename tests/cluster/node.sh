@@ -19,6 +19,7 @@
 # it (toleration + nodeSelector $NODE_LABEL) run there; the kwok nodes keep the rest.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+close_inherited_fds
 
 ND="$NODE_DIR"
 CTRD_SOCK="$ND/containerd/containerd.sock"
@@ -118,7 +119,9 @@ TOML
 }
 JSON
   : >"$ND/resolv.conf"   # pods with dnsPolicy Default get no upstream either
-  put "$ND/kubelet/config.yaml" <<YAML || true
+  # a kubelet reads its --config at start only: a changed one takes a restart (its pods'
+  # containers keep running through it)
+  if put "$ND/kubelet/config.yaml" <<YAML; then stop_pid kubelet; fi
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # cgroup v1 controllers on this machine kind: kubelets >= 1.35 refuse them unless told
@@ -151,6 +154,13 @@ registerWithTaints:
 nodeStatusReportFrequency: 10s
 syncFrequency: 10s
 shutdownGracePeriod: 0s
+# Secrets and ConfigMaps of pods (volumes, env) by GET, cached per the node's ttl, not
+# by a watch per object: the watch-based default gives a new watch 1 s to list
+# (watch_based_manager.go) and recycles watches idle for a minute, so on a loaded
+# machine a new pod's volumes failed with "failed to sync secret cache: timed out
+# waiting for the condition" and waited out the mount backoff (up to 2 min each) for
+# minutes; a GET has no such limit
+configMapAndSecretChangeDetectionStrategy: Cache
 YAML
   if put "$ND/kube-proxy/config.yaml" <<YAML; then stop_pid kube-proxy; fi
 apiVersion: kubeproxy.config.k8s.io/v1alpha1

@@ -11,6 +11,7 @@
 # build.sh (cold: tens of minutes) unless ENVPOOL_CLUSTER_NO_BUILD=1.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+close_inherited_fds
 mkdir -p "$STATE"
 # one up/down at a time (parallel pytest sessions, CI + a developer)
 exec 9>"$STATE/.lock"

@@ -8,7 +8,8 @@
 * ``MonitorDiscovery``: the chart's ServiceMonitor (operator) and PodMonitor (pool
   servers), plus trainer pods, as file_sd targets kept current from the API server,
   for a Prometheus outside the cluster that reaches the pods over the pod network.
-* ``peak_rss_bytes``: a pod's peak memory from its cgroup on the real node.
+* ``peak_rss_bytes``: a pod's peak memory from its cgroup on the real node;
+  ``sigkill_container``: a container's processes SIGKILLed from the node.
 * ``Journey``: one pool in one namespace with the operator installed by ``helm
   install``, and the trainer Jobs and faults that the journey and the chaos soak
   (test_soak.py) run against it.
@@ -19,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import glob
 import json
+import os
 import re
+import signal
 import subprocess
 import tempfile
 import threading
@@ -226,6 +229,26 @@ def peak_rss_bytes(pod_uid: str) -> int | None:
                           recursive=True):
         return int(Path(path).read_text())
     return None
+
+
+def sigkill_container(pod: dict[str, Any], container: str) -> list[int]:
+    """SIGKILL every process of one container of a real-node pod from the node (this
+    machine, as root), as the kernel's OOM killer ends a process: nothing it can catch or
+    finish, and its PID 1 too, which no ``kill`` inside the container can end (a
+    container's init ignores signals it has no handler for). Returns the pids killed;
+    the kubelet restarts the container in the same pod (restartCount + 1)."""
+    (status,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == container]
+    cid = str(status["containerID"]).split("://", 1)[1]
+    uid = pod["metadata"]["uid"]
+    # kubelet's cgroupfs driver (cgroup v1): kubepods/<qos>/pod<uid>/<container id>
+    found = glob.glob(f"/sys/fs/cgroup/pids/kubepods/**/pod{uid}/{cid}/cgroup.procs", recursive=True)
+    assert found, f"no cgroup of container {container} ({cid}) of pod {uid} on this machine"
+    pids = [int(p) for p in Path(found[0]).read_text().split()]
+    assert pids, f"container {container} of pod {pod['metadata']['name']} has no process"
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # ended with the container's init
+            os.kill(pid, signal.SIGKILL)
+    return pids
 
 
 def steps_per_s(run_stdout: str) -> float:

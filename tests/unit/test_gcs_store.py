@@ -178,3 +178,55 @@ def test_the_crd_says_the_same_about_password_without_address() -> None:
         "properties"]["headFaultTolerance"]
     (rule,) = node["x-kubernetes-validations"]
     assert rule["message"] == spec.fields.PASSWORD_SECRET_MESSAGE
+
+
+def _deleting(pool: spec.PoolSpec, owner_uid: str = "uid-1",
+              finalizers: tuple[str, ...] = (gcs_store.KUBERAY_CLEANUP_FINALIZER,)) -> dict[str, Any]:
+    """The pool's RayCluster as rendered, owned by EnvPool ``owner_uid``, being deleted."""
+    rc = builders.build_ray_cluster(pool, SETTINGS)
+    rc["metadata"].update(
+        deletionTimestamp="2026-12-06T20:00:00Z", finalizers=list(finalizers),
+        ownerReferences=[{"apiVersion": spec.API_VERSION, "kind": spec.KIND,
+                          "name": pool.name, "uid": owner_uid}])
+    return rc
+
+
+def _envpool(uid: str = "uid-1", deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "cp", "namespace": "team-a", "uid": uid}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-06T20:00:00Z"
+    return {"apiVersion": spec.API_VERSION, "kind": spec.KIND, "metadata": meta}
+
+
+def test_kuberays_redis_cleanup_is_waived_only_for_the_operators_redis_going_with_its_pool() -> None:
+    """KubeRay's cleanup finalizer deletes the RayCluster's keys from Redis through a Job in
+    the pool's namespace. For the operator's own Redis, deleted with the EnvPool, there is
+    nothing to keep clean, and a terminating namespace refuses the Job (15-22 min held):
+    the operator lifts it then. Not for a Redis the user named, not while the EnvPool lives
+    (the RayCluster deleted by hand: the Redis stays), not for anything else KubeRay holds."""
+    own = _deleting(_pool())
+    assert gcs_store.own_redis_cleanup_pending(own) == "cp"
+    # the EnvPool gone, being deleted, or replaced by a new one of the same name
+    assert gcs_store.redis_goes_with_pool(own, None)
+    assert gcs_store.redis_goes_with_pool(own, _envpool(deleting=True))
+    assert gcs_store.redis_goes_with_pool(own, _envpool(uid="uid-2"))
+    # the EnvPool lives: its Redis stays, and KubeRay cleans the old cluster's keys there
+    assert not gcs_store.redis_goes_with_pool(own, _envpool())
+
+    # a Redis the user named, even with a password Secret named like ours
+    external = _deleting(_pool(headFaultTolerance={
+        "redisAddress": "redis.infra.svc:6379", "passwordSecret": "cp-redis"}))
+    assert gcs_store.own_redis_cleanup_pending(external) is None
+    # ours by address, not by the Secret: not ours
+    odd = _deleting(_pool(headFaultTolerance={
+        "redisAddress": "cp-redis.team-a.svc:6379", "passwordSecret": "infra"}))
+    assert gcs_store.own_redis_cleanup_pending(odd) is None
+    # not being deleted, or no such finalizer (another one of KubeRay's stays too)
+    alive = _deleting(_pool())
+    del alive["metadata"]["deletionTimestamp"]
+    assert gcs_store.own_redis_cleanup_pending(alive) is None
+    assert gcs_store.own_redis_cleanup_pending(
+        _deleting(_pool(), finalizers=("ray.io/other",))) is None
+    # no fault tolerance: no options to be ours
+    assert gcs_store.own_redis_cleanup_pending(
+        _deleting(_pool(headFaultTolerance={"enabled": False}))) is None

@@ -454,44 +454,6 @@ def test_a_fault_tolerant_pool_costs_kuberay_no_second_generation(
     assert rc["status"].get("observedGeneration") == 1, rc["status"]
 
 
-def test_a_fault_tolerant_pools_namespace_goes_without_kuberays_redis_cleanup(
-        kube_cluster: Any, operator: Operator, namespace: str) -> None:
-    """Issue 31: with GCS fault tolerance KubeRay holds a RayCluster being deleted until a
-    Redis-cleanup Job it creates in the namespace has run; a namespace being deleted
-    refuses that Job, and KubeRay gave up only after its timeout under its retry backoff
-    (namespaces stayed Terminating 15-22 min). The operator's own Redis goes with the
-    EnvPool, so the operator lifts that finalizer: the RayCluster goes at once. A Redis the
-    user named outlives the pool and keeps KubeRay's cleanup: that finalizer stays."""
-    kube = kube_cluster
-    finalizer = "ray.io/gcs-ft-redis-cleanup-finalizer"
-    _apply(kube, namespace, _cartpole("own", headFaultTolerance={"enabled": True}),
-           _cartpole("ext", headFaultTolerance={"redisAddress": "redis.infra.svc:6379"}))
-    for name in ("own", "ext"):
-        kube.wait_until(
-            lambda name=name: finalizer in ((_get(kube, "raycluster", name, namespace) or {})
-                                            .get("metadata", {}).get("finalizers") or ()),
-            timeout=60, what=f"KubeRay's GCS fault-tolerance finalizer on RayCluster {name}")
-    t0 = time.monotonic()
-    kube.kubectl("delete", "namespace", namespace, "--wait=false")
-    kube.wait_until(lambda: _get(kube, "raycluster", "own", namespace) is None, timeout=60,
-                    what="the RayCluster of the pool with the operator's Redis gone")
-    took = time.monotonic() - t0
-    ext = _get(kube, "raycluster", "ext", namespace)
-    print(f"\n[ft-delete] own RayCluster gone {took:.1f}s after the namespace's delete; "
-          f"ext: deletionTimestamp {ext and ext['metadata'].get('deletionTimestamp')}, "
-          f"finalizers {ext and ext['metadata'].get('finalizers')}")
-    try:
-        assert ext is not None and ext["metadata"].get("deletionTimestamp"), ext
-        assert finalizer in (ext["metadata"].get("finalizers") or ()), ext["metadata"]
-        log = operator.log_path.read_text(errors="replace")
-        assert f"RayCluster {namespace}/own: removed KubeRay's {finalizer}" in log, operator.log_tail()
-        assert f"RayCluster {namespace}/ext: removed" not in log, operator.log_tail()
-    finally:
-        # there is no Redis at that address: let the namespace go without KubeRay's timeout
-        kube.kubectl("patch", "raycluster", "ext", "-n", namespace, "--type=json", "-p",
-                     json.dumps([{"op": "remove", "path": "/metadata/finalizers"}]), check=False)
-
-
 def test_image_update_rolls_the_pods_settings_do_not(
         kube_cluster: Any, operator: Operator, namespace: str) -> None:
     kube = kube_cluster

@@ -98,6 +98,16 @@ def test_a_trainer_leases_8_of_16_over_http_and_steps_as_sync_vector_env(
     _free(pool, 16)  # released on close
 
 
+def _sigkill_actor(pool: PoolServer, actor_id: Any) -> Any:
+    """SIGKILL the env actor ``actor_id`` of the pool's layout; return its id."""
+    layout = lease_actor.PoolLayout.read(
+        ray.get(lease_actor.get_lease_actor(pool.ray_namespace).layout.remote()))
+    name = next(s.actor_name for s in layout.slots if s.actor_id == actor_id)
+    pid = ray.get(ray.get_actor(name, namespace=pool.ray_namespace).ping.remote())
+    os.kill(pid, signal.SIGKILL)
+    return actor_id
+
+
 def test_a_sigkilled_actor_gives_a_truncated_step_then_its_replacement(
         pool: PoolServer) -> None:
     envs = _attach(pool, 8)
@@ -105,12 +115,7 @@ def test_a_sigkilled_actor_gives_a_truncated_step_then_its_replacement(
         envs.reset(seed=0)
         envs.step(np.zeros(8, dtype=np.int64))
         victim = envs.hosts()[1]
-        old_actor = victim.handle.actor_id
-        layout = lease_actor.PoolLayout.read(
-            ray.get(lease_actor.get_lease_actor(pool.ray_namespace).layout.remote()))
-        name = next(s.actor_name for s in layout.slots if s.actor_id == old_actor)
-        pid = ray.get(ray.get_actor(name, namespace=pool.ray_namespace).ping.remote())
-        os.kill(pid, signal.SIGKILL)
+        old_actor = _sigkill_actor(pool, victim.handle.actor_id)
         _, _, term, trunc, info = envs.step(np.zeros(8, dtype=np.int64))
         dead = victim.env_ids
         assert trunc[dead].all() and not term[dead].any()
@@ -392,12 +397,7 @@ def test_a_replacement_serves_the_lease_in_its_asked_mode(pool: PoolServer) -> N
     try:
         envs.reset(seed=0)
         victim = envs.hosts()[1]
-        old_actor = victim.handle.actor_id
-        layout = lease_actor.PoolLayout.read(
-            ray.get(lease_actor.get_lease_actor(pool.ray_namespace).layout.remote()))
-        name = next(s.actor_name for s in layout.slots if s.actor_id == old_actor)
-        pid = ray.get(ray.get_actor(name, namespace=pool.ray_namespace).ping.remote())
-        os.kill(pid, signal.SIGKILL)
+        old_actor = _sigkill_actor(pool, victim.handle.actor_id)
         deadline = time.monotonic() + 60
         while envs.hosts()[1].handle.actor_id == old_actor:
             envs.step(np.zeros(8, dtype=np.int64))

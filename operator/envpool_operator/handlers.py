@@ -231,11 +231,12 @@ async def ray_cluster_event_fn(
 def _release_after_pool(key: tuple[str, str], logger: Any) -> None:
     try:
         rc = kube.get_ray_cluster(*key)
-        if rc is not None:
-            reconcile.release_redis_cleanup(rc, logger)
     except kube.ApiProblem as exc:
-        logger.warning(f"RayCluster {key[0]}/{key[1]}: removing KubeRay's Redis-cleanup "
-                       f"finalizer failed: {exc}")
+        logger.warning(f"RayCluster {key[0]}/{key[1]}: reading it to lift KubeRay's "
+                       f"Redis-cleanup finalizer failed: {exc}")
+        return
+    if rc is not None:
+        _release_redis_cleanup(rc, logger)
 
 
 def _release_redis_cleanup(ray_cluster: dict[str, Any], logger: Any) -> bool:

@@ -50,9 +50,9 @@ def add_parser(sub: Any) -> None:
                    help="auto: shared memory and a Unix socket to actors on this node, TCP to others; "
                    "ray: Ray calls only (default %(default)s)")
     p.add_argument("--batch-wait-ms", type=float, default=options.DEFAULT_BATCH_WAIT_MS,
-                   help="how long recv() waits for more ready envs; 0: what is ready with "
-                   "the first (default %(default)s, the library's; -f: the pool's "
-                   "spec.batchWaitMs)")
+                   help="how long recv() waits for more ready envs; 0: return the envs ready "
+                   "when the first actor call finishes (default %(default)s, the "
+                   "library's; with -f: the pool's spec.batchWaitMs)")
     p.add_argument("--spin-us", type=_spin_us, default=None,
                    help="how long an actor on this node looks for the next call before it "
                    "sleeps; ~500 for cheap envs (see README); auto: 500 only while calls "

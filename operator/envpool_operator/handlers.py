@@ -22,7 +22,6 @@ from envpool_operator import gcs_store, kube, names, reconcile, scaling
 from envpool_operator import metrics as metrics_mod
 from envpool_operator import runtime as runtime_mod
 from envpool_operator import settings as settings_mod
-from envpool_operator import status as status_mod
 from remote_env import kubeconfig
 from remote_env import spec as spec_mod
 
@@ -83,7 +82,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_
         memo.envpool_metrics_server, _thread = metrics_mod.serve(registry, cfg.metrics_port, addr)
     memo.envpool_stop = threading.Event()
     memo.envpool_status_writes = reconcile.StatusWrites()
-    memo.envpool_refresher = reconcile.RayClusterRefresher(
+    memo.envpool_refresher = reconcile.StatusRefresher(
         runtime, memo.envpool_status_writes, memo.envpool_stop)
     threading.Thread(
         target=reconcile.resync_loop, name="envpool-resync", daemon=True,
@@ -130,43 +129,28 @@ def _written(memo: kopf.Memo) -> reconcile.StatusWrites:
 # the whole reconcile. kubectl scale lands here too (spec.replicas): it patches
 # the ConfigMap and the worker count, the hash is unchanged, nothing rolls.
 @kopf.on.update(G, V, P, field="spec")
-def reconcile_fn(
-    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, retry: int, **_: Any,
-) -> None:
-    outcome = reconcile.counted(body, _runtime(memo), logger, retry=retry)
-    patch.status.update(outcome.status)
-    _written(memo).wrote((body.metadata.namespace or "", body.metadata.name or ""),
-                         outcome.status)
+def reconcile_fn(body: kopf.Body, memo: kopf.Memo, logger: Any, retry: int, **_: Any) -> None:
+    try:
+        outcome = reconcile.reconcile_handled(body, _runtime(memo), logger, retry=retry,
+                                              written=_written(memo))
+    except kube.ApiProblem as exc:  # the status write refused: kopf tries again
+        raise kopf.TemporaryError(str(exc), delay=10) from exc
     if outcome.error is not None:
         raise outcome.error  # kopf: PermanentError stops, TemporaryError retries after delay
 
 
-def _status_only(body: kopf.Body, patch: kopf.Patch, runtime: runtime_mod.Runtime,
-                 written: reconcile.StatusWrites) -> None:
-    key = (body.metadata.namespace or "", body.metadata.name or "")
-    # this event may predate the operator's last status write: compare with both
-    current = written.basis(key, body.status)
-    st = reconcile.compute({**body, "status": current}, settings=runtime.settings,
-                           ray_cluster=runtime.ray_cluster(key), reconciled=False)
-    if status_mod.status_changed(current, st):
-        patch.status.update(st)
-        runtime.metrics.status_updates.inc()
-        written.wrote(key, st)
-
-
 @kopf.on.event(G, V, P)
 async def pool_event_fn(
-    body: kopf.Body, type: str | None, patch: kopf.Patch, memo: kopf.Memo, logger: Any,
-    **_: Any,
+    body: kopf.Body, type: str | None, memo: kopf.Memo, logger: Any, **_: Any,
 ) -> None:
     """Keep the EnvPool cache fresh; turn pool-server reports into phase/conditions
     and, for ``spec.autoscaling``, into a size (a lease report scales up at once).
 
-    Async, on kopf's event loop: the cache and the status need no API call and no lock
-    that a reconcile holds, so the event is done at once and kopf lets go of its body
-    (issue 34: bodies waiting for a handler thread behind the reconciles were most of
-    the operator's memory). Only an autoscaled pool, or one with worker pods to let go,
-    waits for a thread.
+    Async, on kopf's event loop: the cache needs no API call and no lock that a
+    reconcile holds, and the status is left to the refresher's threads, so the event is
+    done at once and kopf lets go of its body (issue 34: bodies waiting for a handler
+    thread behind the reconciles were most of the operator's memory). Only an
+    autoscaled pool, or one with worker pods to let go, waits for a thread.
     """
     runtime = _runtime(memo)
     key = (body.metadata.namespace or "", body.metadata.name or "")
@@ -182,7 +166,10 @@ async def pool_event_fn(
     runtime.remember_pool(key, body)
     if body.metadata.deletion_timestamp or runtime.ray_cluster(key) is None:
         return  # nothing to report yet: the reconcile writes the first status
-    _status_only(body, patch, runtime, _written(memo))
+    # The status (a pool-server report, a spec change) from the body just remembered,
+    # written on the refresher's threads in order with every other status write.
+    refresher: reconcile.StatusRefresher = memo.envpool_refresher
+    refresher.submit(key, deleted=False, logger=logger)
     try:
         pool = settings_mod.parse_pool(body, runtime.settings)
     except spec_mod.SpecError:
@@ -213,7 +200,7 @@ async def ray_cluster_event_fn(
     If the RayCluster was deleted behind our back while its EnvPool lives on,
     put it back now rather than at the next resync. Async, on kopf's event loop: it
     keeps the RayCluster's slim copy and returns, and kopf lets go of the body at once;
-    the refresh runs on the refresher's threads (:class:`reconcile.RayClusterRefresher`).
+    the refresh runs on the refresher's threads (:class:`reconcile.StatusRefresher`).
     """
     runtime = _runtime(memo)
     pool_name = body.metadata.labels.get(names.POOL_LABEL, "")
@@ -224,7 +211,7 @@ async def ray_cluster_event_fn(
             and await asyncio.to_thread(_release_redis_cleanup, dict(body), logger)):
         return
     runtime.remember_ray_cluster(key, None if type == "DELETED" else body)
-    refresher: reconcile.RayClusterRefresher = memo.envpool_refresher
+    refresher: reconcile.StatusRefresher = memo.envpool_refresher
     refresher.submit(key, deleted=type == "DELETED", logger=logger)
 
 

@@ -150,6 +150,7 @@ def reconcile(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any
         st = compute(body, settings=settings, ray_cluster=runtime.ray_cluster(key),
                      reconciled=True)
         return Outcome(st, "invalid", kopf.PermanentError(f"invalid EnvPool spec: {exc}"))
+    mark = runtime.ray_cluster_mark(key)
     try:
         rc = _apply_children(body, pool, runtime)
     except _Stop as stop:
@@ -160,7 +161,9 @@ def reconcile(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any
         delay = restarts.backoff(stop.delay, retry, settings.max_retry_seconds)
         logger.warning(f"{stop.problem.reason}: {stop.problem.message}; retrying in {delay:g}s")
         return Outcome(st, "retry", kopf.TemporaryError(stop.problem.message, delay=delay))
-    runtime.remember_ray_cluster(key, rc)
+    # The apply's answer, unless the watch brought the RayCluster since: then the cache
+    # may be newer, and the refresh that event asked for runs after this reconcile.
+    runtime.remember_ray_cluster_read(key, rc, mark)
     return Outcome(compute(body, settings=settings, ray_cluster=rc, reconciled=True), "success")
 
 
@@ -421,18 +424,22 @@ def release_redis_cleanup(ray_cluster: Mapping[str, Any], logger: Any) -> bool:
 
 
 def refresh_from_ray_cluster(
-    ray_cluster: Mapping[str, Any] | None, pool_key: tuple[str, str],
-    runtime: runtime_mod.Runtime, written: StatusWrites | None = None,
+    pool_key: tuple[str, str], runtime: runtime_mod.Runtime,
+    written: StatusWrites | None = None,
 ) -> tuple[dict[str, Any], tuple[str, str, str]] | None:
-    """A RayCluster changed: recompute its EnvPool's status and patch it if different
-    (from the last EnvPool seen and, if given, what was ``written`` since).
+    """The EnvPool or its RayCluster changed: recompute the EnvPool's status from the
+    caches and patch it if different (from the last EnvPool seen and, if given, what
+    was ``written`` since).
+
+    The caches are read under the pool's lock, and the status is written under it: the
+    status writes land in the order they were computed, each from the newest copies
+    seen, so none can put an older phase over a newer one.
 
     Returns the EnvPool and the Event to post about it when the head's availability
     changed (:func:`status.head_event`: an outage began or ended), else None.
     """
-    if not runtime.remember_ray_cluster(pool_key, ray_cluster):
-        return None
     with runtime.pool_lock(pool_key):
+        ray_cluster = runtime.ray_cluster(pool_key)
         body = runtime.pool_body(pool_key)
         if body is not None and written is not None:
             body = {**body, "status": written.basis(pool_key, status_mod.status_of(body))}
@@ -455,9 +462,16 @@ class _Refresh:
     context: contextvars.Context  # kopf's (its Events and per-object logger need it)
 
 
-class RayClusterRefresher:
-    """The status refreshes that RayCluster events ask for: coalesced per pool and run on
-    threads of their own.
+class StatusRefresher:
+    """The status refreshes that EnvPool and RayCluster events ask for: coalesced per pool
+    and run on threads of their own, each under the pool's lock
+    (:func:`refresh_from_ray_cluster`).
+
+    Every status write made for an event goes through here rather than through kopf's
+    patch of the handler's body: kopf applies that patch after the handler returns,
+    outside the pool's lock, so a status computed from an older RayCluster could land
+    after one computed from a newer, and the pool's phase stayed behind (a resumed pool
+    shown "Provisioning" with its workers ready, issue 34's async handlers).
 
     kopf (1.45) hands a handler every event of an object in turn, each holding its whole
     parsed body until the handler is done with it. With the refreshes on kopf's handler
@@ -520,8 +534,7 @@ class RayClusterRefresher:
     def _refresh(self, key: tuple[str, str], refresh: _Refresh) -> None:
         runtime, logger = self._runtime, refresh.logger
         try:
-            head = refresh_from_ray_cluster(runtime.ray_cluster(key), key, runtime,
-                                            self._written)
+            head = refresh_from_ray_cluster(key, runtime, self._written)
             if head is not None:
                 # the head's outage and recovery, on the EnvPool (kubectl describe epool)
                 pool_body, (etype, reason, message) = head
@@ -533,6 +546,21 @@ class RayClusterRefresher:
                 reconcile_fresh(key, runtime, logger, self._written)
         except kube.ApiProblem as exc:
             logger.warning(f"status refresh of EnvPool {key[0]}/{key[1]} failed: {exc}")
+
+
+def reconcile_handled(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any,
+                      *, retry: int, written: StatusWrites | None) -> Outcome:
+    """kopf's create/update/resume: :func:`counted`, and its status written under the
+    pool's lock (see :class:`StatusRefresher` for why not through kopf's patch)."""
+    meta = body.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    with runtime.pool_lock(key):
+        outcome = counted(body, runtime, logger, retry=retry)
+        kube.patch_envpool_status(key[0], key[1], outcome.status)
+        runtime.metrics.status_updates.inc()
+        if written is not None:
+            written.wrote(key, outcome.status)
+    return outcome
 
 
 def counted(body: Mapping[str, Any], runtime: runtime_mod.Runtime, logger: Any,
@@ -562,13 +590,14 @@ def reconcile_fresh(key: tuple[str, str], runtime: runtime_mod.Runtime,
     """
     ns, name = key
     with runtime.pool_lock(key):
+        mark = runtime.pool_mark(key)
         body = kube.get(spec_mod.API_VERSION, spec_mod.KIND, ns, name)
         if body is None:
             runtime.forget(key)
             return None
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             return None
-        runtime.remember_pool(key, body)
+        runtime.remember_pool_read(key, body, mark)
         outcome = counted(body, runtime, logger)
         # compared with the fresh read alone: this is the repair path
         if status_mod.status_changed(status_mod.status_of(body), outcome.status):
@@ -600,7 +629,7 @@ def resync(key: tuple[str, str], runtime: runtime_mod.Runtime, logger: Any,
             seen = as_rendered(key, runtime)
             if seen is not None and runtime.skip_resync(key, seen):
                 runtime.metrics.resyncs_unchanged.inc()
-                refresh_from_ray_cluster(runtime.ray_cluster(key), key, runtime, written)
+                refresh_from_ray_cluster(key, runtime, written)
                 return None
         return reconcile_fresh(key, runtime, logger, written)
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import threading
 import zlib
 from collections.abc import Callable, Mapping
@@ -56,6 +57,14 @@ class Runtime:
         self._pools: dict[Key, dict[str, Any]] = {}
         #: Last seen RayClusters, fed by their watch (and by each apply).
         self._ray_clusters: dict[Key, dict[str, Any]] = {}
+        #: The watch's last delivery to each cache entry, numbered in order: an answer
+        #: the operator got back from its own GET or apply is kept only when no event
+        #: came after the request went out (:meth:`pool_mark`, :meth:`ray_cluster_mark`).
+        #: Otherwise a reconcile slower than KubeRay put its apply's older RayCluster
+        #: over the watch's newer one, and the pool stayed "Updating" until a resync.
+        self._seq = itertools.count(1)
+        self._pool_seen: dict[Key, int] = {}
+        self._rc_seen: dict[Key, int] = {}
         #: One lock per EnvPool: kopf's handlers, the RayCluster watch and the
         #: resync loop never apply the same pool's children at the same time (an
         #: older body applied after a newer one would roll the spec back).
@@ -73,11 +82,28 @@ class Runtime:
 
     # ------------------------------------------------------------- EnvPools
     def remember_pool(self, key: Key, body: Mapping[str, Any]) -> None:
-        """The EnvPool as last seen (a watch event, a fresh read), without what only
-        kopf reads (:func:`cached_pool`)."""
+        """The EnvPool as its watch delivered it, without what only kopf reads
+        (:func:`cached_pool`)."""
         kept = cached_pool(body)
         with self._lock:
             self._pools[key] = kept
+            self._pool_seen[key] = next(self._seq)
+
+    def pool_mark(self, key: Key) -> int | None:
+        """Where the watch of EnvPool ``key`` stands: take it before a GET, hand it to
+        :meth:`remember_pool_read` with the answer."""
+        with self._lock:
+            return self._pool_seen.get(key)
+
+    def remember_pool_read(self, key: Key, body: Mapping[str, Any], mark: int | None) -> bool:
+        """The EnvPool as read, unless the watch delivered it since ``mark`` (that copy
+        may be newer than the answer). Whether it was kept."""
+        kept = cached_pool(body)
+        with self._lock:
+            if self._pool_seen.get(key) != mark:
+                return False
+            self._pools[key] = kept
+            return True
 
     def pool_body(self, key: Key) -> dict[str, Any] | None:
         """A copy of the EnvPool as last seen; None when unknown."""
@@ -129,6 +155,8 @@ class Runtime:
         with self._lock:
             self._pools.pop(key, None)
             self._ray_clusters.pop(key, None)
+            self._pool_seen.pop(key, None)
+            self._rc_seen.pop(key, None)
             self._pool_locks.pop(key, None)
             self._stabilizers.pop(key, None)
             self._applied.pop(key, None)
@@ -161,15 +189,36 @@ class Runtime:
 
     # ---------------------------------------------------------- RayClusters
     def remember_ray_cluster(self, key: Key, ray_cluster: Mapping[str, Any] | None) -> bool:
-        """EnvPool ``key``'s RayCluster as last seen (None: gone); True when the EnvPool
-        itself is known."""
+        """EnvPool ``key``'s RayCluster as its watch delivered it (None: deleted); True
+        when the EnvPool itself is known."""
         kept = None if ray_cluster is None else cached_ray_cluster(ray_cluster)
         with self._lock:
-            if kept is None:
-                self._ray_clusters.pop(key, None)
-            else:
-                self._ray_clusters[key] = kept
+            self._rc_seen[key] = next(self._seq)
+            self._keep_ray_cluster(key, kept)
             return key in self._pools
+
+    def ray_cluster_mark(self, key: Key) -> int | None:
+        """Where the watch of EnvPool ``key``'s RayCluster stands: take it before an
+        apply, hand it to :meth:`remember_ray_cluster_read` with the answer."""
+        with self._lock:
+            return self._rc_seen.get(key)
+
+    def remember_ray_cluster_read(self, key: Key, ray_cluster: Mapping[str, Any] | None,
+                                  mark: int | None) -> bool:
+        """The RayCluster as an apply or GET answered, unless the watch delivered it since
+        ``mark`` (KubeRay may have written its status after the answer). Whether kept."""
+        kept = None if ray_cluster is None else cached_ray_cluster(ray_cluster)
+        with self._lock:
+            if self._rc_seen.get(key) != mark:
+                return False
+            self._keep_ray_cluster(key, kept)
+            return True
+
+    def _keep_ray_cluster(self, key: Key, kept: dict[str, Any] | None) -> None:
+        if kept is None:
+            self._ray_clusters.pop(key, None)
+        else:
+            self._ray_clusters[key] = kept
 
     def ray_cluster(self, key: Key) -> dict[str, Any] | None:
         """EnvPool ``key``'s RayCluster as last seen (read-only: it is replaced, never

@@ -138,10 +138,41 @@ def test_compute_reflects_the_cached_ray_cluster() -> None:
 def test_refresh_without_a_cached_pool_writes_nothing() -> None:
     # No EnvPool seen yet (operator start-up): nothing to patch, so no API call.
     runtime = _runtime()
-    reconcile.refresh_from_ray_cluster({"metadata": {"name": "cp"}}, ("ns", "cp"), runtime)
+    assert not runtime.remember_ray_cluster(("ns", "cp"), {"metadata": {"name": "cp"}})
+    assert reconcile.refresh_from_ray_cluster(("ns", "cp"), runtime) is None
     assert (runtime.ray_cluster(("ns", "cp")) or {})["metadata"]["name"] == "cp"
-    reconcile.refresh_from_ray_cluster(None, ("ns", "cp"), runtime)
-    assert runtime.ray_cluster(("ns", "cp")) is None
+
+
+def test_an_answer_older_than_the_watch_does_not_replace_it() -> None:
+    # A reconcile applies the RayCluster; KubeRay's status writes reach the watch before
+    # the reconcile is done. The apply's answer (older) must not replace them: the pool
+    # stayed "Updating" with its workers ready (the resumed pool of issue 34's CI run).
+    runtime = _runtime()
+    key = ("ns", "cp")
+    runtime.remember_pool(key, _body())
+    mark = runtime.ray_cluster_mark(key)
+    applied = {"metadata": {"name": "cp", "generation": 3}, "status": {"observedGeneration": 2}}
+    ready = {"metadata": {"name": "cp", "generation": 3}, "status": {"observedGeneration": 3}}
+    runtime.remember_ray_cluster(key, ready)  # the watch, while the apply was answered
+    assert not runtime.remember_ray_cluster_read(key, applied, mark)
+    assert (runtime.ray_cluster(key) or {})["status"] == {"observedGeneration": 3}
+    # no event since the mark: the answer is the newest copy there is
+    mark = runtime.ray_cluster_mark(key)
+    assert runtime.remember_ray_cluster_read(key, applied, mark)
+    assert (runtime.ray_cluster(key) or {})["status"] == {"observedGeneration": 2}
+    # the same for the EnvPool's own cache and a fresh read
+    mark = runtime.pool_mark(key)
+    newer = _body()
+    newer["spec"]["replicas"] = 32
+    runtime.remember_pool(key, newer)
+    assert not runtime.remember_pool_read(key, _body(), mark)
+    assert (runtime.pool_body(key) or {})["spec"]["replicas"] == 32
+    # deleted while the GET was out (the watch's DELETED forgot it): its answer is not
+    # kept, so no ghost of the pool stays in the cache
+    mark = runtime.pool_mark(key)
+    runtime.forget(key)
+    assert not runtime.remember_pool_read(key, _body(), mark)
+    assert not runtime.knows_pool(key)
 
 
 def test_refreshed_status_only_when_something_changes() -> None:

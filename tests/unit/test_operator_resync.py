@@ -223,7 +223,7 @@ class _Recorder:
         self.release = threading.Event()
         self.lock = threading.Lock()
 
-    def refresh(self, rc: Any, key: tuple[str, str], runtime: Any, written: Any) -> None:
+    def refresh(self, key: tuple[str, str], runtime: Any, written: Any) -> None:
         self.release.wait(10)
         with self.lock:
             self.refreshed.append(key)
@@ -234,7 +234,7 @@ class _Recorder:
             self.reconciled.append(key)
 
 
-def _drained(refresher: reconcile.RayClusterRefresher, rec: _Recorder, count: int) -> None:
+def _drained(refresher: reconcile.StatusRefresher, rec: _Recorder, count: int) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         with rec.lock:
@@ -253,7 +253,7 @@ def test_ray_cluster_events_of_a_pool_are_refreshed_once_per_turn(
                              metrics=metrics.OperatorMetrics(prometheus_client.CollectorRegistry()))
     rt.remember_pool(("ns", "a"), _body())
     stop = threading.Event()
-    refresher = reconcile.RayClusterRefresher(rt, None, stop, threads=2)
+    refresher = reconcile.StatusRefresher(rt, None, stop, threads=2)
     try:
         refresher.submit(("ns", "a"), deleted=False, logger=_Log())
         time.sleep(0.2)  # a's first refresh is running (held)
@@ -274,9 +274,9 @@ def test_ray_cluster_events_of_a_pool_are_refreshed_once_per_turn(
 
 
 def _event(body: dict[str, Any], rt: runtime_mod.Runtime, monkeypatch: pytest.MonkeyPatch,
-           ) -> tuple[kopf.Patch, list[str]]:
-    """One EnvPool watch event through the kopf handler, on an event loop; what it
-    patched and the functions it sent to a thread."""
+           ) -> tuple[int, list[str]]:
+    """One EnvPool watch event through the kopf handler, on an event loop; how many
+    status refreshes it asked for and the functions it sent to a thread."""
     from envpool_operator import handlers
 
     threaded: list[str] = []
@@ -285,12 +285,14 @@ def _event(body: dict[str, Any], rt: runtime_mod.Runtime, monkeypatch: pytest.Mo
         threaded.append(fn.__name__)
 
     monkeypatch.setattr(asyncio, "to_thread", to_thread)
-    patch = kopf.Patch()
-    memo = kopf.Memo(envpool=rt, envpool_status_writes=reconcile.StatusWrites())
+    # a refresher without threads: what the event asked of it stays pending
+    refresher = reconcile.StatusRefresher(rt, None, threading.Event(), threads=0)
+    memo = kopf.Memo(envpool=rt, envpool_status_writes=reconcile.StatusWrites(),
+                     envpool_refresher=refresher)
     handler: Any = handlers.pool_event_fn  # kopf's decorator types it as its callback
-    asyncio.run(handler(body=kopf.Body(cast(Any, body)), type="MODIFIED", patch=patch,
-                                       memo=memo, logger=_Log()))
-    return patch, threaded
+    asyncio.run(handler(body=kopf.Body(cast(Any, body)), type="MODIFIED", patch=kopf.Patch(),
+                        memo=memo, logger=_Log()))
+    return refresher.pending(), threaded
 
 
 def test_an_envpool_event_is_handled_on_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -299,10 +301,16 @@ def test_an_envpool_event_is_handled_on_the_event_loop(monkeypatch: pytest.Monke
     body = _body()
     pool = settings.parse_pool(body, rt.settings)
     rt.remember_ray_cluster(KEY, builders.build_ray_cluster(pool, rt.settings))
-    patch, threaded = _event(body, rt, monkeypatch)
-    assert threaded == []  # a fixed-size pool: cache and status, no thread, no API call
-    assert patch["status"]["phase"] == "Provisioning"
+    pending, threaded = _event(body, rt, monkeypatch)
+    assert threaded == []  # a fixed-size pool: the cache, a refresh asked for, no API call
+    assert pending == 1
     assert (rt.pool_body(KEY) or {})["spec"] == body["spec"]
+    # the refresh (on the refresher's thread) writes the status from the caches
+    patched: list[dict[str, Any]] = []
+    monkeypatch.setattr(kube, "patch_envpool_status",
+                        lambda ns, name, st: patched.append(dict(st)))
+    reconcile.refresh_from_ray_cluster(KEY, rt)
+    assert [p["phase"] for p in patched] == ["Provisioning"]
     body["spec"]["autoscaling"] = {"maxReplicas": 64, "bufferEnvs": 8}
-    patch, threaded = _event(body, rt, monkeypatch)
+    pending, threaded = _event(body, rt, monkeypatch)
     assert threaded == ["_scale"]  # the autoscaler may write: on a thread

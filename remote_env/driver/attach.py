@@ -102,12 +102,14 @@ class _LeaseKeeper:
             return self._ask()
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             raise  # the lease actor restarting: the connection is fine, ask again soon
-        except Exception:
-            # Ray client's own errors (ConnectionError: "the Ray client has already been
-            # disconnected"; a NOT_FOUND from a new head's client server that never knew
-            # this client): while ray.is_initialized() may still say True, the
-            # connection is gone for good
-            if not self._client:
+        except Exception as exc:
+            # Ray client's ConnectionError ("the Ray client has already been
+            # disconnected", after a new head's client server answered NOT_FOUND to this
+            # client's id): the connection is gone for good, while ray.is_initialized()
+            # may still say True. Anything else leaves a working connection alone (a new
+            # one would end the trainer's own Ray handles).
+            if not self._client or not (isinstance(exc, ConnectionError)
+                                        or not ray.is_initialized()):
                 raise
             self._reconnect()
             return self._ask()

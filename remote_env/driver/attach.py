@@ -100,16 +100,16 @@ class _LeaseKeeper:
             self._reconnect()
         try:
             return self._ask()
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            raise  # the lease actor restarting: the connection is fine, ask again soon
-        except Exception as exc:
-            # Ray client's ConnectionError ("the Ray client has already been
-            # disconnected", after a new head's client server answered NOT_FOUND to this
-            # client's id): the connection is gone for good, while ray.is_initialized()
-            # may still say True. Anything else leaves a working connection alone (a new
-            # one would end the trainer's own Ray handles).
-            if not self._client or not (isinstance(exc, ConnectionError)
-                                        or not ray.is_initialized()):
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
+                ray.exceptions.RayTaskError):
+            raise  # the lease actor restarting (or failing): the connection is fine
+        except Exception:
+            # Anything else is Ray client's own: a ConnectionError ("the Ray client has
+            # already been disconnected", after a new head's client server answered
+            # NOT_FOUND to this client's id), or, seen once after that, a RuntimeError
+            # ("release unlocked lock") on every call. ray.is_initialized() may still say
+            # True: the connection is gone for good.
+            if not self._client:
                 raise
             self._reconnect()
             return self._ask()

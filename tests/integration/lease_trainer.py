@@ -22,6 +22,8 @@ from remote_env.pool import lease_actor
 def main(address: str, namespace: str, ttl_s: float, stop_file: str) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # a failed renewal's traceback (the heartbeat logs it at debug level)
+    logging.getLogger("remote_env.driver.heartbeat").setLevel(logging.DEBUG)
     ray_connect.connect(address, wait_s=60)
     registry = lease_actor.get_lease_actor(namespace)
     holder = attach.holder()

@@ -25,7 +25,6 @@ import functools
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -36,7 +35,7 @@ from gymnasium.vector import AutoresetMode
 
 from remote_env import errors, ray_connect
 from remote_env import spec as spec_mod
-from remote_env.driver import attach_options
+from remote_env.driver import attach_options, heartbeat
 from remote_env.pool import holders, lease_actor, lease_rules
 from remote_env.pool import slot as pool_slot
 
@@ -58,7 +57,8 @@ LeaseLostError = errors.LeaseLostError
 
 
 class _LeaseKeeper:
-    """Renews a lease on a daemon thread. Holds no reference to the env (GC).
+    """A Ray trainer's lease, renewed by a :class:`~remote_env.driver.heartbeat.Heartbeat`.
+    Holds no reference to the env (GC).
 
     The vector env's :class:`~remote_env.driver.lease.HeldLease`: its epoch goes with every
     call, ``check()`` before each public call, ``release()`` on close.
@@ -71,7 +71,7 @@ class _LeaseKeeper:
         self.holder = holder
         #: A Ray client address (``ray://...``) this trainer attached through: its
         #: connection ends at the head's client server, so the head's loss ends it while
-        #: the trainer steps on over TCP; the heartbeat connects again (see _reconnect).
+        #: the trainer steps on over TCP; a renewal connects again (see _reconnect).
         self.client_address = client_address
         self.namespace = namespace
         self.lease_id = lease_id
@@ -79,55 +79,73 @@ class _LeaseKeeper:
         self.trainer = trainer
         self.slots = list(slots)
         self.ttl_s = ttl_s
-        self.lost = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{lease_id[:8]}",
-                                        daemon=True)
-        self._thread.start()
+        #: connections to Ray made again by renewals (the head restarted)
+        self.reconnects = 0
+        self.beat = heartbeat.Heartbeat(lease_id[:8], ttl_s, self._renew)
 
-    def _run(self) -> None:
+    @property
+    def lost(self) -> bool:
+        return self.beat.lost
+
+    @property
+    def _client(self) -> bool:
+        return (self.client_address or "").startswith("ray://") and self.namespace is not None
+
+    def _renew(self) -> bool:
+        """One renewal (the heartbeat's call). A Ray client trainer whose connection ended
+        (the head pod was lost) connects again first, and renews at once on the new one."""
         import ray
 
-        # Three chances per ttl: one slow call does not lose the lease.
-        while not self._stop.wait(self.ttl_s / 3):
-            args = (self.lease_id, self.trainer, self.slots, self.ttl_s, self.epoch)
-            try:
-                ok = _with_holder(lambda *a: ray.get(self.registry.renew.remote(*a),
-                                                     timeout=self.ttl_s / 3),
-                                  args, self.holder)
-            except Exception as exc:  # registry unreachable for now: try again next beat
-                log.warning("lease %s: renew failed: %s", self.lease_id[:8], exc)
-                self._reconnect()
-                continue
-            if not ok:
-                self.lost = True
-                log.error("lease %s: lost: another trainer holds some of its envs now",
-                          self.lease_id[:8])
-                return
+        if self._client and not ray.is_initialized():
+            self._reconnect()
+        try:
+            return self._ask()
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
+                ray.exceptions.RayTaskError):
+            raise  # the lease actor restarting (or failing): the connection is fine
+        except Exception:
+            # Anything else is Ray client's own: a ConnectionError ("the Ray client has
+            # already been disconnected", after a new head's client server answered
+            # NOT_FOUND to this client's id), or, seen once after that, a RuntimeError
+            # ("release unlocked lock") on every call. ray.is_initialized() may still say
+            # True: the connection is gone for good.
+            if not self._client:
+                raise
+            self._reconnect()
+            return self._ask()
+
+    def _ask(self) -> bool:
+        import ray
+
+        args = (self.lease_id, self.trainer, self.slots, self.ttl_s, self.epoch)
+        return bool(_with_holder(lambda *a: ray.get(self.registry.renew.remote(*a),
+                                                    timeout=self.ttl_s / 3),
+                                 args, self.holder))
 
     def _reconnect(self) -> None:
         """Connect again when the Ray client connection is gone (the head pod was lost and
-        a new one serves, under GCS fault tolerance), and find the lease actor again.
+        a new one serves, under GCS fault tolerance), find the lease actor again, and
+        take this process's new Ray identity as the lease's holder (the old job died with
+        the old head; the pool server would reclaim a lease whose holder it sees dead).
 
         Only for a Ray client trainer: a driver on a Ray node keeps its connection (its
         raylet waits for the GCS). The env actors' handles of the old connection are not
         needed for stepping over TCP; the lease is renewed through the new one.
+
+        Raises:
+            ConnectionError: the new head is not serving yet (the heartbeat tries again).
         """
         import ray
 
-        if not (self.client_address or "").startswith("ray://") or ray.is_initialized() \
-                or self._stop.is_set() or self.namespace is None:
-            return
-        try:
-            ray.shutdown()  # the dead client's state
-            ray_connect.connect(self.client_address, wait_s=self.ttl_s / 3)
-            self.registry = lease_actor.get_lease_actor(self.namespace)
-        except Exception as exc:  # the new head is not serving yet: next beat
-            log.warning("lease %s: connecting to Ray again at %s failed: %s",
-                        self.lease_id[:8], self.client_address, exc)
-            return
-        log.warning("lease %s: connected to Ray again at %s (the head restarted)",
-                    self.lease_id[:8], self.client_address)
+        assert self.client_address is not None and self.namespace is not None
+        ray.shutdown()  # the dead client's state
+        ray_connect.connect(self.client_address, wait_s=self.ttl_s / 3)
+        self.registry = lease_actor.get_lease_actor(self.namespace)
+        if self.holder:
+            self.holder = holder() or self.holder
+        self.reconnects += 1
+        log.warning("lease %s: connected to Ray again at %s (the head restarted); holder %s",
+                    self.lease_id[:8], self.client_address, self.holder or "-")
 
     def check(self) -> None:
         if self.lost:
@@ -139,7 +157,7 @@ class _LeaseKeeper:
     def release(self) -> None:
         import ray
 
-        self._stop.set()
+        self.beat.stop()
         if not ray.is_initialized():
             return
         try:
@@ -152,10 +170,12 @@ class _LeaseKeeper:
 class _PoolReplacer:
     """``actor_replacer`` for RemoteVectorEnv: the pool server replaces, we wait."""
 
-    def __init__(self, registry: Any, namespace: str, slot_of: dict[str, int],
+    def __init__(self, registry_of: Callable[[], Any], namespace: str, slot_of: dict[str, int],
                  first_env: dict[int, int], timeout_s: float, lease_id: str,
                  serve_mode: Callable[[Sequence[Any]], None] = lambda handles: None) -> None:
-        self.registry = registry
+        #: the lease actor's handle now: the lease's, which a renewal that connected to
+        #: Ray again (the head restarted) replaced
+        self.registry_of = registry_of
         #: the replacement (built in the pool's own mode) serves this lease's mode too
         self.serve_mode = serve_mode
         self.lease_id = lease_id
@@ -203,7 +223,7 @@ class _PoolReplacer:
 
         while True:
             try:
-                return ray.get(getattr(self.registry, method).remote(*args))
+                return ray.get(getattr(self.registry_of(), method).remote(*args))
             except errors.LeaseLostError as exc:  # Ray's error is also an instance of it
                 raise errors.LeaseLostError(str(getattr(exc, "cause", None) or exc)) from None
             except ray.exceptions.RayActorError:
@@ -308,7 +328,7 @@ def lease_pool(
                           ray_holder, client_address=address or os.environ.get("RAY_ADDRESS"),
                           namespace=ns)
     try:
-        return _build(name, ns, registry, lease, keeper, replace_timeout_s, asked, kwargs)
+        return _build(name, ns, lease, keeper, replace_timeout_s, asked, kwargs)
     except BaseException:
         keeper.release()
         raise
@@ -407,7 +427,7 @@ def serve_mode(name: str, handles: Sequence[Any], epoch: int, mode: AutoresetMod
     ray.get(refs)
 
 
-def _build(name: str, ns: str, registry: Any, lease: dict[str, Any], keeper: _LeaseKeeper,
+def _build(name: str, ns: str, lease: dict[str, Any], keeper: _LeaseKeeper,
            replace_timeout_s: float, asked: AutoresetMode | None,
            kwargs: dict[str, Any]) -> PoolGrant:
     import ray
@@ -424,7 +444,7 @@ def _build(name: str, ns: str, registry: Any, lease: dict[str, Any], keeper: _Le
     for s in slots:
         first_env[s.slot] = n
         n += s.num_envs
-    replacer = _PoolReplacer(registry, ns, {s.actor_id: s.slot for s in slots}, first_env,
+    replacer = _PoolReplacer(lambda: keeper.registry, ns, {s.actor_id: s.slot for s in slots}, first_env,
                              replace_timeout_s, keeper.lease_id,
                              functools.partial(serve_mode, name, epoch=keeper.epoch, mode=mode,
                                                pool_mode=pool_mode))

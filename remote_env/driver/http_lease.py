@@ -46,7 +46,7 @@ from gymnasium.vector import AutoresetMode
 
 from remote_env import errors
 from remote_env import spec as spec_mod
-from remote_env.driver import attach_options
+from remote_env.driver import attach_options, heartbeat
 from remote_env.wire import channel, protocol, relay
 
 log = logging.getLogger(__name__)
@@ -335,30 +335,30 @@ class HttpLease:
         self.slots = [int(a["slot"]) for a in answer["actors"]]
         self.trainer = trainer
         self.ttl_s = ttl_s
-        self.lost = False
         #: slot -> its actor now (replacements included): their control channels close
         #: with the lease
         self.actors: dict[int, TcpActor] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{self.lease_id[:8]}",
-                                        daemon=True)
-        self._thread.start()
+        self._released = False
+        self.beat = heartbeat.Heartbeat(self.lease_id[:8], ttl_s, self._renew)
 
-    def _run(self) -> None:
-        # Three chances per ttl: one slow request does not lose the lease.
-        while not self._stop.wait(self.ttl_s / 3):
-            body = {"lease_id": self.lease_id, "trainer": self.trainer, "slots": self.slots,
-                    "ttl_s": self.ttl_s, "epoch": self.epoch}
-            try:
-                self._api.post("heartbeat", body, self.ttl_s / 3)
-            except OSError as exc:  # the pool server is unreachable for now: next beat
-                log.warning("lease %s: heartbeat failed: %s", self.lease_id[:8], exc)
-            except LeaseApiError as exc:
-                if exc.status == 410:
-                    self.lost = True
-                    log.error("lease %s: lost: %s", self.lease_id[:8], exc)
-                    return
-                log.warning("lease %s: heartbeat refused: %s", self.lease_id[:8], exc)
+    @property
+    def lost(self) -> bool:
+        return self.beat.lost
+
+    def _renew(self) -> bool:
+        """One heartbeat (the :class:`~remote_env.driver.heartbeat.Heartbeat`'s call): 410
+        is the pool's word that the lease is over; anything else that fails (the pool
+        server restarting with its head, a 503, an answer that is not JSON) is retried."""
+        body = {"lease_id": self.lease_id, "trainer": self.trainer, "slots": self.slots,
+                "ttl_s": self.ttl_s, "epoch": self.epoch}
+        try:
+            self._api.post("heartbeat", body, self.ttl_s / 3)
+        except LeaseApiError as exc:
+            if exc.status == 410:
+                log.error("lease %s: %s", self.lease_id[:8], exc)
+                return False
+            raise
+        return True
 
     def check(self) -> None:
         if self.lost:
@@ -367,9 +367,10 @@ class HttpLease:
                 "another trainer leased some of them; attach again")
 
     def release(self) -> None:
-        if self._stop.is_set():
+        if self._released:
             return
-        self._stop.set()
+        self._released = True
+        self.beat.stop()
         for actor in self.actors.values():
             actor.close()
         try:

@@ -273,7 +273,9 @@ class LeaseActor:
 
         A lease that expired (or that a restarted lease actor forgot) is granted again
         when nobody took its actors meanwhile (no later grant on any of its slots);
-        False means the actors are gone or someone else's now.
+        False means the actors are gone or someone else's now. ``holder`` (the caller's
+        Ray identity now) replaces the one recorded: a Ray client trainer that connected
+        again after the head's loss is a new job, and the old one is dead.
         """
         with self._cond:
             now = self._clock()
@@ -287,6 +289,8 @@ class LeaseActor:
                 if lease is None:
                     return False
                 self._leases_changed()
+            elif self._book.rehold(lease, holder):
+                self._leases_changed()  # kept: a restarted lease actor must not reclaim it
             self._book.extend(lease, ttl_s, now)
             return True
 

@@ -257,6 +257,15 @@ class LeaseBook:
         lease.ttl_s = ttl_s
         lease.expires = now + ttl_s
 
+    def rehold(self, lease: Lease, holder: str) -> bool:
+        """``lease``'s holder is now ``holder`` (the same trainer, with a new Ray identity:
+        a Ray client that connected again after its head was lost is a new job); True
+        when it changed. "" changes nothing (a caller that sends no identity)."""
+        if not holder or holder == lease.holder:
+            return False
+        lease.holder = holder
+        return True
+
     def regrant(self, lease_id: str, trainer: str, slots: Sequence[int], ttl_s: float,
                 epoch: int, now: float, *, present: Collection[int] | None,
                 holder: str = "") -> Lease | None:

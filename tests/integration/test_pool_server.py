@@ -629,7 +629,7 @@ from remote_env import RemoteVectorEnv
 attach = RemoteVectorEnv.from_pool
 envs = attach({pool!r}, address={address!r}, num_envs=2, lease_timeout_s={ttl}, trainer="A")
 if {deaf}:
-    envs._lease._stop.set()  # its heartbeats stop getting through; it keeps stepping
+    envs._lease.beat.stop()  # its heartbeats stop getting through; it keeps stepping
 envs.reset()
 print("stepping", flush=True)
 last_at, steps, lost = 0.0, 0, None

@@ -160,3 +160,40 @@ def test_a_job_that_died_with_its_drivers_node_is_left_to_its_ttl() -> None:
     assert not holders.job_died(entry, {"10.0.0.9", "10.0.0.6"})  # the old head is gone
     assert not holders.job_died(dict(entry, IsDead=False), {"10.0.0.5"})
     assert not holders.job_died({"JobID": "03000000", "IsDead": True}, {"10.0.0.5"})
+
+
+def test_a_renewal_with_a_new_identity_moves_the_holder_and_keeps_it() -> None:
+    """A Ray client trainer that connected again after its head's loss is a new job (the
+    old one died with the old head): its renewal records the new holder, kept in the
+    store (a restarted lease actor has it), so the pool server does not reclaim the lease
+    of a trainer that lives on; a renewal without an identity changes nothing."""
+    store = lease_store.MemoryStore()
+    reg = LeaseActor("p", clock=lambda: 100.0, fencer=lambda s, e: None,
+                     epoch_clock=lambda: 5, store=store)
+    reg.server_sync(_slots(2), {"signature": "s"}, timeout=0)
+    a = reg.acquire("a", 2, 60.0, holder="job:01000000")
+    slots = [s.slot for s in a["slots"]]
+    assert reg.renew(a["lease_id"], "a", slots, 60.0, a["epoch"], "job:05000000")
+    assert reg.reclaim(["job:01000000"]) == []
+    assert reg.renew(a["lease_id"], "a", slots, 60.0, a["epoch"])
+    restarted = LeaseActor("p", clock=lambda: 200.0, fencer=lambda s, e: None,
+                           epoch_clock=lambda: 6, store=store)
+    assert [x["holder"] for x in restarted.layout().leases] == ["job:05000000"]
+
+
+def test_a_restarted_lease_actor_answers_a_renewal_from_its_rebuilt_leases() -> None:
+    """The restore comes before any answer (the constructor reads the store): the first
+    renewal a restarted lease actor gets finds the lease, never "gone", and a second
+    trainer cannot take its envs meanwhile."""
+    store = lease_store.MemoryStore()
+    reg = LeaseActor("p", clock=lambda: 100.0, fencer=lambda s, e: None,
+                     epoch_clock=lambda: 5, store=store)
+    reg.server_sync(_slots(2, 2), {"signature": "s"}, timeout=0)
+    a = reg.acquire("a", 2, 60.0, holder="job:01000000")
+    restarted = LeaseActor("p", clock=lambda: 500.0, fencer=lambda s, e: None,
+                           epoch_clock=lambda: 6, store=store)
+    b = restarted.acquire("b", 2, 60.0)
+    assert {s.slot for s in b["slots"]}.isdisjoint(s.slot for s in a["slots"])
+    assert restarted.renew(a["lease_id"], "a", [s.slot for s in a["slots"]], 60.0, a["epoch"])
+    with pytest.raises(lease_rules.LeaseError):
+        restarted.acquire("c", 2, 60.0)

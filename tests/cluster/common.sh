@@ -111,8 +111,9 @@ apt_install() {
   for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   [ ${#missing[@]} -eq 0 ] && return 0
   log "apt-get install ${missing[*]}"
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >&2 \
-    || die "apt-get install ${missing[*]} failed"
+  # one apt at a time: .ci/run builds the images beside scripts/setup's Prometheus
+  ( flock 6 && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ) \
+    6>/tmp/envpool-apt.lock >&2 || die "apt-get install ${missing[*]} failed"
 }
 
 # flock(1) hands the command it runs its lock's fd (fd 3 of `flock FILE cmd`), and a

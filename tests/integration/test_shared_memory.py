@@ -180,9 +180,17 @@ def test_copy_false_hands_out_views_of_the_segment_that_match_the_copies() -> No
                     np.testing.assert_array_equal(g, w)
         assert all(h.shared for h in views.hosts())
 
-        views.send(np.zeros(n, dtype=np.int64))
-        first_obs, _, _, _, first_info = views.recv(timeout=30)
-        first_ids = first_info["env_id"].tolist()
+        # recv() at batch_wait_ms=0 returns what is ready with the first call to finish:
+        # one split, or both merged into an array of its own when both had finished
+        # before it looked (a loaded machine: a CI-like run failed on it here). Send
+        # again until a recv returns one split, so two calls' rows are in flight.
+        for _ in range(100):
+            views.send(np.zeros(n, dtype=np.int64))
+            first_obs, _, _, _, first_info = views.recv(timeout=30)
+            first_ids = first_info["env_id"].tolist()
+            if len(first_ids) < n:
+                break
+        assert len(first_ids) < n, "every recv() of 100 merged both splits"
         # a view, not an array of its own: the rows the actor wrote
         assert first_obs.base is not None and not first_obs.flags.owndata
         kept = first_obs.copy()

@@ -69,7 +69,8 @@ class VectorEnvCreator:
     """An RLlib env creator returning a :class:`RemoteVectorEnv` of ``num_envs`` envs.
 
     Args:
-        make_env: a gymnasium id (``gym.make(id, **env_config)``) or
+        make_env: a gymnasium id (``gym.make(id, **env_config)``; ``"module:EnvId"``
+            imports the module that registers it; an unknown id fails before any actor) or
             ``fn(env_config) -> env`` (a gymnasium env or a PettingZoo Parallel/AEC env);
             None when the envs come from a pool.
         pool: a warm pool's name to lease ``num_envs`` envs from

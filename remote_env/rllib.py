@@ -43,6 +43,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
         "remote_env.rllib needs Ray RLlib: pip install 'ray[rllib]' (or this project's "
         "'bench' extra, which installs RLlib's dependencies)") from exc
 
+from remote_env import entrypoints
 from remote_env.driver.vector import RemoteVectorEnv
 
 __all__ = ["MultiAgentVectorEnv", "RemoteMultiAgentEnvRunner", "VectorEnvCreator",
@@ -68,7 +69,8 @@ class VectorEnvCreator:
     """An RLlib env creator returning a :class:`RemoteVectorEnv` of ``num_envs`` envs.
 
     Args:
-        make_env: a gymnasium id (``gym.make(id, **env_config)``) or
+        make_env: a gymnasium id (``gym.make(id, **env_config)``; ``"module:EnvId"``
+            imports the module that registers it; an unknown id fails before any actor) or
             ``fn(env_config) -> env`` (a gymnasium env or a PettingZoo Parallel/AEC env);
             None when the envs come from a pool.
         pool: a warm pool's name to lease ``num_envs`` envs from
@@ -120,8 +122,13 @@ class VectorEnvCreator:
         if self.make_env is None:
             raise ValueError("no envs to make: pass make_env (a gymnasium id or a callable of "
                              f"env_config) or a pool name (pool=, or env_config[{POOL_KEY!r}])")
-        fn = (functools.partial(gym.make, self.make_env, **env_config)
-              if isinstance(self.make_env, str) else functools.partial(self.make_env, env_config))
+        if isinstance(self.make_env, str):
+            factory = entrypoints.EnvFactory(
+                self.make_env, None, env_config, instead="make_env as a callable of env_config")
+            factory.check()  # an unknown id fails here, in the env runner, before any actor
+            fn: Callable[[], Any] = factory
+        else:
+            fn = functools.partial(self.make_env, env_config)
         return RemoteVectorEnv([fn] * num_envs, autoreset_mode=AUTORESET_MODE,
                                **self.vector_kwargs)
 

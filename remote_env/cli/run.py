@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import math
 import sys
 import time
@@ -116,21 +115,25 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             from remote_env import spec
             from remote_env.pool import launch
 
-            bad_env = launch.runtime_env_error(spec.load(args.file).ray.runtime_env)
+            pool = spec.load(args.file)
+            bad_env = launch.runtime_env_error(pool.ray.runtime_env)
             if bad_env is not None:
                 parser.error(f"{args.file}: spec.ray.runtimeEnv: {bad_env}")
+            bad_id = launch.env_id_error(pool.env, pool.ray.runtime_env)
+            if bad_id is not None:
+                parser.error(f"{args.file}: spec.env.id: {bad_id}")
         else:
-            _env_fn(args)
-    except (ValueError, OSError, gym.error.Error) as exc:
+            _env_fn(args).check()  # an unknown id or entrypoint: now, not in every actor
+    except (ValueError, OSError, ImportError, gym.error.Error) as exc:
         parser.error(str(exc))
 
 
-def _env_fn(args: argparse.Namespace) -> Any:
+def _env_fn(args: argparse.Namespace) -> entrypoints.EnvFactory:
     kwargs = dict(args.env_kwargs)
     if args.entrypoint:
-        return functools.partial(entrypoints.resolve_entrypoint(args.entrypoint), **kwargs)
-    gym.spec(args.env)  # fails now, with gymnasium's message, for an unknown id
-    return functools.partial(gym.make, args.env, **kwargs)
+        return entrypoints.EnvFactory(None, args.entrypoint, kwargs)
+    return entrypoints.EnvFactory(args.env, None, kwargs,
+                                  instead="--entrypoint package.module:callable")
 
 
 def _kv(text: str) -> tuple[str, Any]:

@@ -107,6 +107,13 @@ def serve(args: argparse.Namespace) -> int:
     if bad_env is not None:
         print(f"envpool serve: {args.config}: spec.ray.runtimeEnv: {bad_env}", file=sys.stderr)
         return 2
+    # In a cluster the EnvPool's status is where a pool's errors show (lastError: the
+    # actors' failure, with the same text); exiting would crash-loop the sidecar instead.
+    bad_id = (launch.env_id_error(spec.env, spec.ray.runtime_env)
+              if KubeStatusReporter.from_env() is None else None)
+    if bad_id is not None:
+        print(f"envpool serve: {args.config}: spec.env.id: {bad_id}", file=sys.stderr)
+        return 2
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     namespace = args.ray_namespace or spec.ray_namespace
     try:

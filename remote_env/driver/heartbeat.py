@@ -13,7 +13,8 @@ a trainer stepped on with 0 errors while its lease ran out, renewals resumed too
   that hangs inside Ray's client (a wedged connection is noticed by gRPC's keepalive
   only after ~10 min) does not stop the heartbeat, which logs it every interval until
   it returns; no second call is started beside it;
-* **any exception is a failed renewal** (logged), never the end of the thread;
+* **any exception is a failed renewal** (logged), never the end of the thread; a
+  ``BaseException`` raised inside the call (``SystemExit``) too;
 * **only the registry's word ends it:** ``renew`` answering False (the lease expired
   and another trainer holds some of its envs now) sets :attr:`Heartbeat.lost`, and the
   trainer's next call raises :class:`~remote_env.errors.LeaseLostError`.
@@ -137,7 +138,9 @@ class Heartbeat:
             return (f"a renewal has not returned for {time.monotonic() - self._call_started:.0f}s "
                     "(the registry or the connection to it hangs)")
         self._call = None
-        (got,) = self._answer
+        # _call_renew always answers; were its thread ever to end without (a failure in
+        # the append itself), that is one more failed renewal, not the heartbeat's end
+        got = self._answer[0] if self._answer else RuntimeError("the renewal ended unanswered")
         if isinstance(got, BaseException):
             return f"{type(got).__name__}: {_first_line(got)}"
         return got
@@ -145,7 +148,12 @@ class Heartbeat:
     def _call_renew(self, answer: list[bool | BaseException]) -> None:
         try:
             answer.append(bool(self._renew()))
-        except Exception as exc:  # every failure is one failed renewal, never the thread's end
+        except BaseException as exc:  # every failure is one failed renewal, never the end
+            # BaseException too: SystemExit/KeyboardInterrupt here come from the renew call
+            # itself (a library calling sys.exit, a client re-raising its own interrupt),
+            # never from the user's Ctrl-C, which CPython raises only in the main thread
+            # (where remote_env.interrupts handles it). Re-raising would not reach the main
+            # thread either: it would only end this thread with no answer for the heartbeat.
             log.debug("lease %s: renewal raised", self.name, exc_info=True)
             answer.append(exc)
 

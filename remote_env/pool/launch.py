@@ -158,3 +158,24 @@ def runtime_env_error(runtime_env: Mapping[str, Any]) -> str | None:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def env_id_error(env: spec_mod.EnvSpec, runtime_env: Mapping[str, Any]) -> str | None:
+    """What gymnasium says is wrong with ``spec.env.id`` (None: nothing, or not
+    decidable here), where a spec is loaded to be run, before any actor starts.
+
+    Decided only for a plain id (no ``module:`` part) and no ``runtimeEnv``: then the
+    actors see the registry this process sees (same image, same packages). A
+    ``module:EnvId`` would import user code, which the pool server never does, and a
+    ``runtimeEnv`` may bring the package that registers the id: the actor's failure
+    (``lastError``) says it then, with the same text.
+    """
+    if env.id is None or ":" in env.id or runtime_env:
+        return None
+    import gymnasium as gym
+
+    try:
+        entrypoints.env_spec(env.id)
+    except gym.error.Error as exc:
+        return str(exc)
+    return None

@@ -41,8 +41,12 @@ def _parse_env(c: checker.Checker, raw: Any) -> model.EnvSpec:
         got = "both" if env_id is not None else "neither"
         c.fail("spec.env", "exactly one of env.id (a gymnasium id, e.g. CartPole-v1) or "
                            f"env.entrypoint ('package.module:callable') must be set, got {got}")
-    if env_id and not fields.ENV_ID_RE.match(env_id):
-        c.fail("spec.env.id", f"expected a gymnasium id such as CartPole-v1, got {env_id!r}")
+    # Whether gymnasium knows the id is asked where the env is made (no gymnasium here):
+    # remote_env.entrypoints.env_spec, with the same forms in its message.
+    if env_id and (not fields.ENV_ID_RE.match(env_id) or env_id.count(":") > 1):
+        c.fail("spec.env.id", "expected a gymnasium id such as CartPole-v1, or 'module:EnvId' "
+                              "for an env another package registers (the module is imported "
+                              f"first, e.g. 'ale_py:ALE/Pong-v5'), got {env_id!r}")
     if entrypoint is not None and not fields.ENTRYPOINT_RE.match(entrypoint):
         c.fail("spec.env.entrypoint",
                f"expected 'package.module:callable' (importable names), got {entrypoint!r}")

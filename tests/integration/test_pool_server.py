@@ -484,6 +484,24 @@ def test_a_runtime_env_ray_rejects_fails_its_slots_with_the_reason(cluster: Clus
         _destroy(server)
 
 
+def test_an_unknown_env_id_fails_its_slots_saying_what_is_expected(cluster: Cluster) -> None:
+    """spec.env.id unknown to gymnasium: each actor's env constructor fails, and the
+    slot's lastError names the id, gymnasium's reason and the forms expected."""
+    doc = {"metadata": {"name": "noid"}, "spec": {
+        "env": {"id": "CartPol-v1"}, "replicas": 2, "envsPerActor": 2,
+        "faultTolerance": {"restartBackoffSeconds": 0, "maxRestarts": 0}}}
+    server = _server(doc)
+    try:
+        st = wait_for(lambda: (s := server.status()).get("failedEnvs") == 2 and s, 60,
+                      "the slot failed")
+        assert ("NameNotFound: env id 'CartPol-v1' is not registered with "
+                "gymnasium: Environment `CartPol` doesn't exist. Did you mean: `CartPole`?"
+                in st["lastError"]), st["lastError"]
+        assert "'module:EnvId'" in st["lastError"] and "spec.env.entrypoint" in st["lastError"]
+    finally:
+        _destroy(server)
+
+
 def test_a_frozen_trainer_that_lost_its_lease_is_told_so(cluster: Cluster, tmp_path: Path) -> None:
     """SIGSTOP a trainer past its ttl: another trainer gets the envs; on SIGCONT the
     first one's next step raises LeaseLostError instead of sharing the envs."""

@@ -79,6 +79,21 @@ def test_any_exception_is_a_failed_renewal_never_the_threads_end() -> None:
         beat.stop()
 
 
+def test_a_renewal_ended_by_a_base_exception_is_one_failed_renewal() -> None:
+    # SystemExit/KeyboardInterrupt raised inside the renew call (a library calling
+    # sys.exit, a client re-raising its own interrupt) left the renewal thread without an
+    # answer, and unpacking the empty answer killed the heartbeat thread (ValueError)
+    reg = Registry([SystemExit(3), KeyboardInterrupt(), True, True])
+    beat = heartbeat.Heartbeat("t5", 0.6, reg.renew)
+    try:
+        _until(lambda: beat.renewals >= 2, 10, "renewals after SystemExit and KeyboardInterrupt")
+        assert beat.alive and not beat.lost and beat.failures == 0
+        assert len(reg.calls) >= 4, reg.calls
+        assert beat.last_error.startswith("KeyboardInterrupt"), beat.last_error
+    finally:
+        beat.stop()
+
+
 def test_a_hung_renewal_does_not_stop_the_heartbeat_and_none_runs_beside_it() -> None:
     release = threading.Event()
     reg = Registry([release])

@@ -25,3 +25,15 @@ def test_creator_without_env_or_pool_says_what_to_pass() -> None:
 def test_make_env_must_be_an_id_or_a_callable() -> None:
     with pytest.raises(TypeError, match=r"gymnasium id or a callable.*got int"):
         rllib.VectorEnvCreator(3)  # type: ignore[arg-type]
+
+
+def test_an_unknown_id_fails_in_the_runner_before_any_actor() -> None:
+    import gymnasium as gym
+    import ray
+
+    with pytest.raises(gym.error.NameNotFound,
+                       match=r"env id 'CartPol-v1' is not registered with gymnasium: .*"
+                             r"Did you mean: `CartPole`\?.*'module:EnvId'.*"
+                             r"make_env as a callable of env_config"):
+        rllib.VectorEnvCreator("CartPol-v1")({"num_envs": 2})
+    assert not ray.is_initialized()

@@ -132,7 +132,9 @@ MAX_UNAVAILABLE_MESSAGE: Final = (
 NAME_RE: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _IDENT: Final = r"[A-Za-z_][A-Za-z0-9_]*"
 ENTRYPOINT_RE: Final = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
-ENV_ID_RE: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")
+#: A gymnasium id, or "module:EnvId" (one ":" at most: gymnasium splits it once, and a
+#: trailing ":" names nothing). The CRD's CEL rule is this pattern (test_operator_crd).
+ENV_ID_RE: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*(:[A-Za-z0-9_./-]+)?$")
 RAY_VERSION_RE: Final = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 #: A Kubernetes quantity without a sign (negative resources make no sense).
 QUANTITY_RE: Final = re.compile(

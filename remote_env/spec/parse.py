@@ -43,7 +43,7 @@ def _parse_env(c: checker.Checker, raw: Any) -> model.EnvSpec:
                            f"env.entrypoint ('package.module:callable') must be set, got {got}")
     # Whether gymnasium knows the id is asked where the env is made (no gymnasium here):
     # remote_env.entrypoints.env_spec, with the same forms in its message.
-    if env_id and (not fields.ENV_ID_RE.match(env_id) or env_id.count(":") > 1):
+    if env_id and not fields.ENV_ID_RE.match(env_id):
         c.fail("spec.env.id", "expected a gymnasium id such as CartPole-v1, or 'module:EnvId' "
                               "for an env another package registers (the module is imported "
                               f"first, e.g. 'ale_py:ALE/Pong-v5'), got {env_id!r}")

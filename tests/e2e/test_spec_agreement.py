@@ -32,6 +32,7 @@ def _res(**res: Any) -> dict[str, Any]:
 #: (case id, metadata.name, spec); the good ones must pass both.
 GOOD: list[tuple[str, str, dict[str, Any]]] = [
     ("minimal", "good", _spec()),
+    ("env-id-module", "good", _spec(env={"id": "ale_py:ALE/Pong-v5"})),
     ("name-40", "a" * 40, _spec()),
     ("entrypoint", "good", {"env": {"entrypoint": "remote_env.examples:rps_parallel_env",
                                     "multiAgent": True}, "replicas": 4}),
@@ -65,6 +66,8 @@ BAD: list[tuple[str, str, dict[str, Any]]] = [
     ("entrypoint-digit", "bad", _spec(env={"entrypoint": "1bad:fn"})),
     ("env-id-space", "bad", _spec(env={"id": "has space"})),
     ("env-id-empty", "bad", _spec(env={"id": ""})),
+    ("env-id-two-colons", "bad", _spec(env={"id": "a:b:CartPole-v1"})),
+    ("env-id-trailing-colon", "bad", _spec(env={"id": "ale_py:"})),
     ("env-unknown-field", "bad", _spec(env={"id": "CartPole-v1", "kwarg": {}})),
     ("replicas-0", "bad", _spec(replicas=0)),
     ("replicas-negative", "bad", _spec(replicas=-5)),

@@ -284,7 +284,7 @@ def actions(space: Any, actions_in: Any, ids: np.ndarray) -> Any:
         low, high = space.start, space.start + space.n
         if arr.size <= SMALL:  # no reductions on a few actions (see SMALL)
             listed = arr.tolist()
-            inside = min(listed) >= low and max(listed) < high
+            inside = min(listed) >= int(low) and max(listed) < int(high)
         else:
             inside = bool(arr.min() >= low) and bool(arr.max() < high)  # scalar compares
     else:

@@ -124,7 +124,9 @@ class Dispatcher:
         # a zero window is "whatever is ready with the first": no separate zero-wait pass
         window: float | None = None if every or gather_s <= 0 else gather_s
         while True:
-            wake = self.advance()
+            wake = recovery.advance()  # as self.advance(), one call less on every recv
+            if recovery.came_up_pending:
+                self._resubmit()
             now = time.perf_counter()
             live, calls = inflight.sent()
             deadline = recovery.next_deadline(calls)  # None: none of them can hang

@@ -145,8 +145,7 @@ class Dispatcher:
                 ready, _ = channel.wait(live, 1, left, ray)
                 # socket replies that had arrived were all read with the first; Ray refs
                 # need asking
-                if ready and len(ready) < len(live) and not all(
-                        isinstance(k, channel.ChannelCall) for k in live):
+                if ready and len(ready) < len(live) and not channel.only_calls(live):
                     ready, _ = channel.wait(live, len(live), 0, ray)
             now = time.perf_counter()
             ready_set = set(ready)

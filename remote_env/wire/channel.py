@@ -623,6 +623,15 @@ def _wait_calls(calls: list[ChannelCall], num_returns: int,
         _drain(calls, 0 if timed_out else left)
 
 
+def only_calls(refs: Sequence[Any]) -> bool:
+    """Every one of ``refs`` is a :class:`ChannelCall` (no Ray ref among them)."""
+    # a loop, not all() over a generator (~0.4 us more): this runs on every recv
+    for r in refs:  # noqa: SIM110
+        if not isinstance(r, ChannelCall):
+            return False
+    return True
+
+
 def get(ref: Any, ray: Any) -> Any:
     """``ray.get`` for one Ray ref or :class:`ChannelCall` (blocking)."""
     if not isinstance(ref, ChannelCall):

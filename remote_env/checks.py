@@ -21,6 +21,9 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space, iterate
 ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
                 gym.spaces.MultiBinary)
 TRANSPORTS = ("auto", "pickle", "ray")
+#: arrays up to this long are checked as Python lists: a numpy reduction costs ~0.7 us
+#: whatever the size, ``tolist`` ~5 ns an element (checks that run on every ``send``)
+SMALL = 64
 
 
 def positive_int(name: str, value: Any) -> None:
@@ -168,6 +171,16 @@ def env_ids(ids_in: Sequence[int] | np.ndarray | None, n: int) -> np.ndarray:
     if not len(ids):
         raise ValueError("env_ids is empty: send at least one env id")
     ids = ids.astype(np.int64)  # a copy: calls in flight keep it, the caller may reuse theirs
+    if len(ids) <= SMALL:
+        # the usual send (one split's ids): Python on a list, ~1 us against ~4 us of a
+        # sort, compares and a reduction on a small array
+        listed = ids.tolist()
+        if min(listed) < 0 or max(listed) >= n:
+            outside = [e for e in listed if not 0 <= e < n]
+            raise ValueError(f"unknown env ids {outside}: expected ids in [0, {n})")
+        if len(set(listed)) != len(listed):
+            raise ValueError(f"env_ids must not repeat an id, got {listed}")
+        return ids
     ordered = np.sort(ids)
     if ordered[0] < 0 or ordered[-1] >= n:
         bad = ids[(ids < 0) | (ids >= n)]
@@ -269,7 +282,11 @@ def actions(space: Any, actions_in: Any, ids: np.ndarray) -> Any:
         raise TypeError(f"actions for {space} must be integers, got dtype {arr.dtype}")
     if isinstance(space, gym.spaces.Discrete):
         low, high = space.start, space.start + space.n
-        inside = bool(arr.min() >= low) and bool(arr.max() < high)  # scalar compares, no masks
+        if arr.size <= SMALL:  # no reductions on a few actions (see SMALL)
+            listed = arr.tolist()
+            inside = min(listed) >= int(low) and max(listed) < int(high)
+        else:
+            inside = bool(arr.min() >= low) and bool(arr.max() < high)  # scalar compares
     else:
         if isinstance(space, gym.spaces.MultiDiscrete):
             low, high = space.start, space.start + space.nvec

@@ -117,17 +117,23 @@ class Assembler:
             for b_ids, b in batches:
                 self._store_obs(b_ids, b.obs, _order(b_ids)[1])
         m = len(ids)
-        rewards, terms, truncs = (
-            np.concatenate([np.asarray(getattr(b, f), dtype=dt) for _, b in batches])
-            if len(batches) > 1 else np.array(getattr(batches[0][1], f), dtype=dt)
-            for f, dt in (("rewards", np.float64), ("terminations", np.bool_),
-                          ("truncations", np.bool_)))
+        if len(batches) == 1:  # no generator, no getattr by name: this runs on every recv
+            one = batches[0][1]
+            rewards = np.array(one.rewards, dtype=np.float64)
+            terms = np.array(one.terminations, dtype=np.bool_)
+            truncs = np.array(one.truncations, dtype=np.bool_)
+        else:
+            rewards, terms, truncs = (
+                np.concatenate([np.asarray(getattr(b, f), dtype=dt) for _, b in batches])
+                for f, dt in (("rewards", np.float64), ("terminations", np.bool_),
+                              ("truncations", np.bool_)))
         order: Any = None
         if not ascending:
             order = np.argsort(ids, kind="stable")
             ids, rewards, terms, truncs = ids[order], rewards[order], terms[order], truncs[order]
         infos: dict[str, Any] = {}
-        if any(_has_infos(b) for _, b in batches):
+        if (_has_infos(batches[0][1]) if len(batches) == 1
+                else any(_has_infos(b) for _, b in batches)):
             all_infos = [i for _, b in batches for i in (b.infos or [{}] * len(b.indices))]
             merger = _InfoMerger(m)
             for j, src in enumerate(range(m) if order is None else order):

@@ -78,18 +78,21 @@ class Dispatcher:
         if recovery.came_up_pending:  # calls held for a replacement go first
             self._resubmit()
         key: Any
-        if recovery.broken(h) is not None:  # fails at once (see ResultReader.read)
+        health = recovery.health(h)  # read at once: this runs on every call
+        if health.broken is not None:  # fails at once (see ResultReader.read)
             key, call = Deferred(), Call(h, env_ids, positions, is_reset, method, args,
                                          follow_up=follow_up)
-        elif not recovery.up(h):
+        elif not health.up:
             # held until the replacement is up: not a view of a buffer the caller reuses
             args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
             key, call = Deferred(), Call(h, env_ids, positions, is_reset, method, args,
                                          follow_up=follow_up)
         else:
+            starting = health.start_ref is not None
             call = Call(h, env_ids, positions, is_reset, method, args, time.perf_counter(),
-                        recovery.generation(h), recovery.starting(h), follow_up)
-            key = self._links.call(h, method, *args, direct=recovery.direct_ok(h))
+                        health.generation, starting, follow_up)
+            # direct: up (above) and started (a replacement's start is checked through Ray)
+            key = self._links.call(h, method, *args, direct=not starting)
         self._inflight.add(key, call)
 
     def _resubmit(self) -> None:
@@ -121,13 +124,14 @@ class Dispatcher:
         # a zero window is "whatever is ready with the first": no separate zero-wait pass
         window: float | None = None if every or gather_s <= 0 else gather_s
         while True:
-            wake = self.advance()
+            wake = recovery.advance()  # as self.advance(), one call less on every recv
+            if recovery.came_up_pending:
+                self._resubmit()
             now = time.perf_counter()
-            live = inflight.live()
-            for k in live:
-                d = recovery.deadline(inflight[k])
-                if d is not None:
-                    wake = d if wake is None else min(wake, d)
+            live, calls = inflight.sent()
+            deadline = recovery.next_deadline(calls)  # None: none of them can hang
+            if deadline is not None:
+                wake = deadline if wake is None else min(wake, deadline)
             if end is not None:
                 wake = end if wake is None else min(wake, end)
             left = None if wake is None else max(0.0, wake - now)
@@ -141,12 +145,13 @@ class Dispatcher:
                 ready, _ = channel.wait(live, 1, left, ray)
                 # socket replies that had arrived were all read with the first; Ray refs
                 # need asking
-                if ready and len(ready) < len(live) and not all(
-                        isinstance(k, channel.ChannelCall) for k in live):
+                if ready and len(ready) < len(live) and not channel.only_calls(live):
                     ready, _ = channel.wait(live, len(live), 0, ray)
             now = time.perf_counter()
             ready_set = set(ready)
-            hung = {k for k in live if k not in ready_set and recovery.expired(inflight[k], now)}
+            hung = set() if deadline is None else {
+                k for k, c in zip(live, calls, strict=True)
+                if k not in ready_set and recovery.expired(c, now)}
             done = ready_set | hung
             held = []
             if len(live) < len(inflight):  # calls held for a replacement

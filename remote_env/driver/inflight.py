@@ -91,6 +91,21 @@ class InFlight:
         """Keys of the calls sent (not deferred)."""
         return [k for k in self._calls if not isinstance(k, Deferred)]
 
+    def sent(self) -> tuple[list[Any], list[Call]]:
+        """The calls sent (not deferred): their keys, and the calls in the same order."""
+        keys = list(self._calls)
+        for k in keys:
+            if isinstance(k, Deferred):
+                break
+        else:  # the usual case: none held for a replacement
+            return keys, list(self._calls.values())
+        keys, calls = [], []
+        for k, c in self._calls.items():
+            if not isinstance(k, Deferred):
+                keys.append(k)
+                calls.append(c)
+        return keys, calls
+
     def deferred(self, h: int | None = None) -> list[tuple[Any, Call]]:
         """Calls held for a replacement (of host ``h``)."""
         return [(k, c) for k, c in self._calls.items()

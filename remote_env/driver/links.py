@@ -64,7 +64,7 @@ class RayLink:
 class ChannelLink:
     """The socket channel to a host on this node, with its shared arrays if any."""
 
-    __slots__ = ("_chan", "_epoch", "_shared", "tcp")
+    __slots__ = ("_chan", "_decode", "_epoch", "_shared", "tcp")
 
     def __init__(self, chan: channel.Channel, shared: shared_arrays.SharedArrays | None,
                  epoch: int | None, tcp: bool = False) -> None:
@@ -72,6 +72,9 @@ class ChannelLink:
         self._shared = shared
         self._epoch = epoch
         self.tcp = tcp
+        #: how a shared_step's reply is read (made once: this runs on every step)
+        self._decode = (None if shared is None
+                        else functools.partial(shared_arrays.read_batch, shared))
 
     @property
     def closed(self) -> bool:
@@ -87,10 +90,13 @@ class ChannelLink:
         shared = self._shared
         if shared is not None and method == "step":
             positions, acts = args
+            rows = shared_arrays.rows(positions) if len(positions) else None
+            if type(rows) is slice:  # consecutive: said as the range it is, checked once
+                positions = range(rows.start, rows.stop)
             if shared_arrays.write_actions(shared, positions, acts):
                 acts = None
             method, args = "shared_step", (positions, acts)
-            decode = functools.partial(shared_arrays.read_batch, shared)
+            decode = self._decode
         epoch = self._epoch
         message = (method, *args) if epoch is None else ("fenced", epoch, method, *args)
         return self._chan.call(message, decode)

@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+#: arrays up to this long are looked at as Python lists (see ``remote_env.checks.SMALL``)
+_SMALL = 64
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -64,7 +66,18 @@ def _in_order(ids: np.ndarray) -> bool:
     the every-env fast path assumes. A send naming every env in another order (two
     recv() batches joined) goes through the per-host gather like any subset.
     """
-    return len(ids) < 2 or bool((ids[1:] > ids[:-1]).all())
+    if len(ids) <= _SMALL:  # no reduction on a small array (~0.7 us whatever its size)
+        listed = ids.tolist()
+        return all(a < b for a, b in itertools.pairwise(listed))
+    return bool((ids[1:] > ids[:-1]).all())
+
+
+def _one_value(arr: np.ndarray) -> bool:
+    """All of ``arr`` (not empty) is one value."""
+    if len(arr) <= _SMALL:
+        listed: list[Any] = arr.tolist()
+        return listed.count(listed[0]) == len(listed)
+    return bool(arr.min() == arr.max())
 
 
 def plan(layout: Layout, ids: np.ndarray, per_env: Any, *, splits_per_actor: int,
@@ -77,7 +90,7 @@ def plan(layout: Layout, ids: np.ndarray, per_env: Any, *, splits_per_actor: int
     if len(ids) == len(layout.env_host) and not is_reset and _in_order(ids):
         # every env, ids in order: per_env[e] is env e's (sliced per host, no gather)
         groups = [(h, None) for h in range(layout.num_hosts)]
-    elif hosts_of.min() == hosts_of.max():  # the usual recv/send loop: one actor's envs
+    elif _one_value(hosts_of):  # the usual recv/send loop: one actor's envs
         groups = [(int(hosts_of[0]), True)]
     else:
         groups = [(int(h), np.flatnonzero(hosts_of == h)) for h in np.unique(hosts_of)]
@@ -120,6 +133,9 @@ def split(host_size: int, env_ids: np.ndarray, positions: list[int], payload: An
     if splits_per_actor == 1:
         return [(env_ids, positions, payload)]
     size = -(-host_size // splits_per_actor)
+    if not positions or min(positions) // size == max(positions) // size:  # one split
+        # (the usual send: the ids a recv returned)
+        return [(env_ids, positions, payload)]
     parts = [p // size for p in positions]
     cuts = [j for j in range(1, len(parts)) if parts[j] != parts[j - 1]]
     if not cuts:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from remote_env import errors, restarts
@@ -79,6 +79,11 @@ class Recovery:
                                               immediate_restarts=1)
 
     # ---------------------------------------------------------------- reading
+    def health(self, h: int) -> Health:
+        """Host ``h``'s record, to read (its fields at once where every call is sent; the
+        methods below ask one each). Only this class changes it."""
+        return self._health[h]
+
     def up(self, h: int) -> bool:
         return self._health[h].up
 
@@ -132,6 +137,18 @@ class Recovery:
         if step_timeout_s is None:
             return None
         return call.sent + step_timeout_s
+
+    def next_deadline(self, calls: Iterable[Call]) -> float | None:
+        """The earliest :meth:`deadline` of ``calls`` (None: none can hang)."""
+        step_timeout_s = self._options.step_timeout_s
+        wake: float | None = None
+        for call in calls:
+            if step_timeout_s is None and not call.starting:
+                continue  # no deadline (the usual case: no step_timeout_s)
+            d = self.deadline(call)
+            if d is not None and (wake is None or d < wake):
+                wake = d
+        return wake
 
     def expired(self, call: Call, now: float) -> bool:
         deadline = self.deadline(call)

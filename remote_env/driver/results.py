@@ -47,12 +47,13 @@ class ResultReader:
             broken = self._recovery.broken(h)
             assert broken is not None
             raise broken
-        current = call.generation == self._recovery.generation(h)
+        health = self._recovery.health(h)  # read at once: this runs on every call
+        current = call.generation == health.generation
         if hung:
             return self._lose(call, "timeout", self._recovery.hung_message(call))
         ray = self._ray
         try:
-            if current:
+            if current and health.start_ref is not None:
                 self._recovery.check_started(h)
             batch: Batch = channel.get(key, ray)
         except (ray.exceptions.RayActorError, channel.ChannelClosedError) as exc:

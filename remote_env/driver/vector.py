@@ -809,7 +809,10 @@ class RemoteVectorEnv(VectorEnv[Any, Any, Any]):
             self._handed = (batches, _State.RECV)
             result = self._assembler.partial(batches)
             self.metrics.observe_poll(len(result[4]["env_id"]), time.perf_counter() - t0)
-            stepped = sum(len(ids) for ids, b in batches if not b.is_reset)
+            stepped = 0
+            for ids, b in batches:
+                if not b.is_reset:
+                    stepped += len(ids)
             if stepped:
                 self.metrics.steps.inc(stepped)
             return result

@@ -435,8 +435,12 @@ class Frames:
 # ------------------------------------------------------- the shared_step call
 
 
-def step_call(message: Any) -> tuple[int, bytes, list[int]] | None:
-    """(op, body, positions) for a plain or fenced ``shared_step``; None: pickle it."""
+def step_call(message: Any) -> tuple[int, bytes, Sequence[int]] | None:
+    """(op, body, positions) for a plain or fenced ``shared_step``; None: pickle it.
+
+    Positions given as a ``range`` (step 1: the driver's consecutive rows) go as the
+    range they are, with no list built and compared (this runs on every step).
+    """
     if type(message) is not tuple:
         return None
     if len(message) == 3 and message[0] == "shared_step":
@@ -446,13 +450,17 @@ def step_call(message: Any) -> tuple[int, bytes, list[int]] | None:
     else:
         return None
     try:
-        positions = [operator.index(p) for p in positions]
-        n = len(positions)
-        first = positions[0] if n else 0
-        if positions == list(range(first, first + n)):
-            body = STEP_ARGS.pack(epoch, n, first)
+        if type(positions) is range and positions.step == 1:
+            n = len(positions)
+            body = STEP_ARGS.pack(epoch, n, positions.start if n else 0)
         else:
-            body = STEP_ARGS.pack(epoch, n, -1) + array("i", positions).tobytes()
+            positions = list(map(operator.index, positions))
+            n = len(positions)
+            first = positions[0] if n else 0
+            if positions == list(range(first, first + n)):
+                body = STEP_ARGS.pack(epoch, n, first)
+            else:
+                body = STEP_ARGS.pack(epoch, n, -1) + array("i", positions).tobytes()
     except (TypeError, ValueError, OverflowError, struct.error):
         return None  # not plain int32 positions or int64 epoch: let pickle carry them
     if actions is not None:
@@ -501,7 +509,7 @@ def call_body(message: Any) -> tuple[int, list[bytes | memoryview]]:
     return (PICKLED_OOB if with_buffers else PICKLED), parts
 
 
-def step_batch(positions: list[int], status: int, body: memoryview) -> Batch:
+def step_batch(positions: Sequence[int], status: int, body: memoryview) -> Batch:
     """The Batch the host returned, from a ``STEPPED``/``STEPPED_MORE`` reply."""
     infos, failures = ([], []) if status == STEPPED else pickle.loads(body)
     return Batch(list(positions), None, None, None, None, infos, failures, False)

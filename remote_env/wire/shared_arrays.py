@@ -128,8 +128,11 @@ def rows(positions: Sequence[int]) -> Any:
     if type(positions) is range and positions.step == 1:  # the channel's "lo..hi" form
         return slice(positions.start, positions.stop)
     first = positions[0]
-    if list(positions) == list(range(first, first + len(positions))):
-        return slice(first, first + len(positions))
+    n = len(positions)
+    if positions[-1] == first + n - 1 and (
+            (positions if type(positions) is list else list(positions))
+            == list(range(first, first + n))):
+        return slice(first, first + n)
     return np.asarray(positions, dtype=np.intp)
 
 

@@ -42,6 +42,7 @@ _KINDS: Final[dict[tuple[str, str], tuple[str, str]]] = {
     ("networking.k8s.io/v1", "NetworkPolicy"):
         ("/apis/networking.k8s.io/v1", "networkpolicies"),
     ("ray.io/v1", "RayCluster"): ("/apis/ray.io/v1", "rayclusters"),
+    ("v1", "Event"): ("/api/v1", "events"),
     (spec_mod.API_VERSION, spec_mod.KIND): (f"/apis/{spec_mod.API_VERSION}", spec_mod.PLURAL),
 }
 
@@ -336,6 +337,34 @@ def patch_envpool_status(namespace: str, name: str, status: Mapping[str, Any]) -
         if exc.status == 404:
             return  # the EnvPool was deleted meanwhile
         raise problem_from_api_error(exc, f"patching EnvPool {namespace}/{name} status") from exc
+
+
+def post_event(pool: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
+    """Create a core/v1 Event about EnvPool ``pool`` now (``kubectl describe epool``).
+
+    Not ``kopf.event``, which queues the Event and posts it later: where the Event must
+    land before the status that records the change (:func:`reconcile.write_status`),
+    an operator killed in between lost it for good (its successor sees no change).
+    """
+    meta = pool["metadata"]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    involved = {"apiVersion": spec_mod.API_VERSION, "kind": spec_mod.KIND,
+                "name": meta["name"], "namespace": meta["namespace"]}
+    if meta.get("uid"):
+        involved["uid"] = meta["uid"]
+    event = {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": involved, "type": etype, "reason": reason,
+        "message": message[:1024], "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
+    }
+    try:
+        _request("POST", _path("v1", "Event", meta["namespace"]), body=event,
+                 content_type="application/json")
+    except k8s_exceptions.ApiException as exc:
+        raise problem_from_api_error(
+            exc, f"posting Event {reason} about EnvPool {meta['namespace']}/{meta['name']}") from exc
 
 
 def scale_envpool(namespace: str, name: str, replicas: int) -> dict[str, Any] | None:

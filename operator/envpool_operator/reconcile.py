@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import secrets
 import threading
 import time
@@ -31,6 +32,9 @@ from envpool_operator import settings as settings_mod
 from envpool_operator import status as status_mod
 from remote_env import restarts
 from remote_env import spec as spec_mod
+
+#: for status writes made with no kopf logger at hand (tests, tools)
+_log = logging.getLogger(__name__)
 
 #: Delay before looking again while an old RayCluster is being deleted.
 ROLL_POLL_SECONDS = 2.0
@@ -423,20 +427,46 @@ def release_redis_cleanup(ray_cluster: Mapping[str, Any], logger: Any) -> bool:
     return removed
 
 
+def write_status(key: tuple[str, str], body: Mapping[str, Any], status: Mapping[str, Any],
+                 runtime: runtime_mod.Runtime, written: StatusWrites | None,
+                 logger: Any) -> None:
+    """Patch EnvPool ``key``'s status (the caller holds the pool's lock), after posting
+    the Event of the head's availability changing between ``body``'s status and
+    ``status`` (:func:`status.head_event`: an outage began or ended).
+
+    The Event goes first, and at once (:func:`kube.post_event`): with ``kopf.event``
+    (queued, posted later) after the status, an operator killed in between lost the
+    outage's HeadUnavailable for good, since its successor saw the outage already
+    recorded (a CI rehearsal's SIGKILL test). Event first: a death in between leaves the
+    status as it was, and the successor posts the Event again. An Event the API refuses
+    is logged, not retried: the condition is the record.
+    """
+    event = status_mod.head_event(status_mod.status_of(body), status)
+    if event is not None:
+        etype, reason, message = event
+        try:
+            kube.post_event(body, etype, reason, message)
+            logger.info(f"EnvPool {key[0]}/{key[1]}: {reason}: {message}")
+        except kube.ApiProblem as exc:
+            logger.warning(f"EnvPool {key[0]}/{key[1]}: {reason} ({message}); its Event "
+                           f"was not posted: {exc}")
+    kube.patch_envpool_status(key[0], key[1], status)
+    runtime.metrics.status_updates.inc()
+    if written is not None:
+        written.wrote(key, status)
+
+
 def refresh_from_ray_cluster(
     pool_key: tuple[str, str], runtime: runtime_mod.Runtime,
-    written: StatusWrites | None = None,
-) -> tuple[dict[str, Any], tuple[str, str, str]] | None:
+    written: StatusWrites | None = None, logger: Any = None,
+) -> None:
     """The EnvPool or its RayCluster changed: recompute the EnvPool's status from the
     caches and patch it if different (from the last EnvPool seen and, if given, what
-    was ``written`` since).
+    was ``written`` since), with the head's Event if any (:func:`write_status`).
 
     The caches are read under the pool's lock, and the status is written under it: the
     status writes land in the order they were computed, each from the newest copies
     seen, so none can put an older phase over a newer one.
-
-    Returns the EnvPool and the Event to post about it when the head's availability
-    changed (:func:`status.head_event`: an outage began or ended), else None.
     """
     with runtime.pool_lock(pool_key):
         ray_cluster = runtime.ray_cluster(pool_key)
@@ -444,15 +474,8 @@ def refresh_from_ray_cluster(
         if body is not None and written is not None:
             body = {**body, "status": written.basis(pool_key, status_mod.status_of(body))}
         st = None if body is None else refreshed_status(body, ray_cluster, runtime.settings)
-        if st is not None:
-            kube.patch_envpool_status(pool_key[0], pool_key[1], st)
-            runtime.metrics.status_updates.inc()
-            if written is not None:
-                written.wrote(pool_key, st)
-        if body is None or st is None:
-            return None
-        event = status_mod.head_event(status_mod.status_of(body), st)
-        return (dict(body), event) if event is not None else None
+        if body is not None and st is not None:
+            write_status(pool_key, body, st, runtime, written, logger or _log)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -534,13 +557,7 @@ class StatusRefresher:
     def _refresh(self, key: tuple[str, str], refresh: _Refresh) -> None:
         runtime, logger = self._runtime, refresh.logger
         try:
-            head = refresh_from_ray_cluster(key, runtime, self._written)
-            if head is not None:
-                # the head's outage and recovery, on the EnvPool (kubectl describe epool)
-                pool_body, (etype, reason, message) = head
-                kopf.event(kopf.Body(cast(Any, pool_body)), type=etype, reason=reason,
-                           message=message)
-                logger.info(f"EnvPool {key[0]}/{key[1]}: {reason}: {message}")
+            refresh_from_ray_cluster(key, runtime, self._written, logger)
             if refresh.deleted and runtime.knows_pool(key):
                 # Re-read first: the EnvPool itself may be what is being deleted.
                 reconcile_fresh(key, runtime, logger, self._written)
@@ -556,10 +573,9 @@ def reconcile_handled(body: Mapping[str, Any], runtime: runtime_mod.Runtime, log
     key = (meta.get("namespace", ""), meta.get("name", ""))
     with runtime.pool_lock(key):
         outcome = counted(body, runtime, logger, retry=retry)
-        kube.patch_envpool_status(key[0], key[1], outcome.status)
-        runtime.metrics.status_updates.inc()
-        if written is not None:
-            written.wrote(key, outcome.status)
+        before = status_mod.status_of(body)
+        basis = {**body, "status": written.basis(key, before) if written is not None else before}
+        write_status(key, basis, outcome.status, runtime, written, logger)
     return outcome
 
 
@@ -629,7 +645,7 @@ def resync(key: tuple[str, str], runtime: runtime_mod.Runtime, logger: Any,
             seen = as_rendered(key, runtime)
             if seen is not None and runtime.skip_resync(key, seen):
                 runtime.metrics.resyncs_unchanged.inc()
-                refresh_from_ray_cluster(key, runtime, written)
+                refresh_from_ray_cluster(key, runtime, written, logger)
                 return None
         return reconcile_fresh(key, runtime, logger, written)
     finally:

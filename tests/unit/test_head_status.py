@@ -7,7 +7,7 @@ from typing import Any
 
 import prometheus_client
 
-from envpool_operator import builders, metrics, runtime, settings, status
+from envpool_operator import builders, kube, metrics, reconcile, runtime, settings, status
 from remote_env import spec
 
 SETTINGS = settings.Settings(image="registry.example/envpool:1.0")
@@ -113,3 +113,65 @@ def test_the_dashboards_gauge_follows_the_condition_through_an_outage() -> None:
     assert (sample("HeadRecovering"), sample("HeadReady")) == (0.0, None)
     rt.forget(("ns", "cp"))
     assert sample("HeadRecovering") is None
+
+
+class _Api:
+    """The two API writes of :func:`reconcile.write_status`, in the order made (the
+    ordering is the point: a unit test of it; tests/e2e/test_head_loss_real_node.py
+    kills the operator on a real cluster)."""
+
+    def __init__(self, refuse_events: bool = False) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.refuse_events = refuse_events
+
+    def post_event(self, body: Any, etype: str, reason: str, message: str) -> None:
+        if self.refuse_events:
+            raise kube.ApiProblem(status.Problem("Forbidden", "events is forbidden"), None)
+        self.calls.append(("event", reason))
+
+    def patch_envpool_status(self, ns: str, name: str, st: Any) -> None:
+        self.calls.append(("status", _head(st)["reason"]))
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def info(self, msg: str) -> None:
+        pass
+
+    def warning(self, msg: str) -> None:
+        self.warnings.append(msg)
+
+
+def _written_outage(monkeypatch: Any, api: _Api) -> tuple[reconcile.StatusWrites, _Log]:
+    monkeypatch.setattr(reconcile.kube, "post_event", api.post_event)
+    monkeypatch.setattr(reconcile.kube, "patch_envpool_status", api.patch_envpool_status)
+    pool = _pool()
+    up = _status(pool, True, {}, T0)
+    down = _status(pool, False, up, T0 + datetime.timedelta(seconds=100))
+    rt = runtime.Runtime(settings=SETTINGS,
+                         metrics=metrics.OperatorMetrics(prometheus_client.CollectorRegistry()))
+    written, log = reconcile.StatusWrites(), _Log()
+    body = {"metadata": {"name": "cp", "namespace": "ns"}, "status": up}
+    reconcile.write_status(("ns", "cp"), body, down, rt, written, log)
+    # the same outage seen again (the next RayCluster event): no second Event
+    again = {**body, "status": written.basis(("ns", "cp"), up)}
+    reconcile.write_status(("ns", "cp"), again, down, rt, written, log)
+    return written, log
+
+
+def test_the_outages_event_is_posted_before_the_status_that_records_it(monkeypatch: Any) -> None:
+    api = _Api()
+    _written_outage(monkeypatch, api)
+    # an operator killed between the two leaves the status as it was: its successor
+    # sees the change again and posts the Event (kopf.event's queue posted it after)
+    assert api.calls == [("event", "HeadUnavailable"), ("status", "HeadRecovering"),
+                         ("status", "HeadRecovering")]
+
+
+def test_an_event_the_api_refuses_does_not_hold_the_status(monkeypatch: Any) -> None:
+    api = _Api(refuse_events=True)
+    _, log = _written_outage(monkeypatch, api)
+    assert api.calls == [("status", "HeadRecovering"), ("status", "HeadRecovering")]
+    assert len(log.warnings) == 1 and "HeadUnavailable" in log.warnings[0]

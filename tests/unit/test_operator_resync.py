@@ -223,7 +223,8 @@ class _Recorder:
         self.release = threading.Event()
         self.lock = threading.Lock()
 
-    def refresh(self, key: tuple[str, str], runtime: Any, written: Any) -> None:
+    def refresh(self, key: tuple[str, str], runtime: Any, written: Any,
+                logger: Any = None) -> None:
         self.release.wait(10)
         with self.lock:
             self.refreshed.append(key)

@@ -123,8 +123,6 @@ def serve(args: argparse.Namespace) -> int:
 
     ``args`` have passed :func:`check` (``envpool serve`` runs it first).
     """
-    import ray
-
     from remote_env.pool.kube_report import KubeStatusReporter
     from remote_env.pool.server import PoolServer
 
@@ -135,8 +133,9 @@ def serve(args: argparse.Namespace) -> int:
     namespace = args.ray_namespace or spec.ray_namespace
     try:
         # in a head pod the sidecar starts with the Ray head, whose GCS takes seconds
-        # to come up (a crash there was a restart per pool)
-        ray_connect.connect(address, namespace=namespace, wait_s=args.connect_timeout)
+        # to come up (a crash there was a restart per pool). ray is first imported in
+        # there: Ray's settings that bound each try are read then (ray_connect).
+        ray = ray_connect.connect(address, namespace=namespace, wait_s=args.connect_timeout)
     except ConnectionError as exc:
         log.error("Ray at %s: %s", address, exc)
         print(f"envpool serve: no Ray cluster at {address} after {args.connect_timeout:.0f}s",

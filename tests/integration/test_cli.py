@@ -174,6 +174,45 @@ def test_an_error_before_the_command_is_the_top_levels() -> None:
     assert "envpool: error: unrecognized arguments: --bogus" in out.stderr
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_gives_up_on_a_ray_address_where_nothing_listens(tmp_path: Path) -> None:
+    # Ray's own retries made one ray.init to such an address take ~14 min (20 tries of
+    # 41 s, measured); --connect-timeout bounds it. With a runtimeEnv, serve imports ray
+    # before it connects (to check it): Ray's settings must still take effect.
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "ENVPOOL_POOL_NAMESPACE", "ENVPOOL_POOL_NAME")}
+    plain = _pool_file(tmp_path, "CartPole-v1")
+    with_env = _pool_file(tmp_path, "CartPole-v1", "runtime-env.yaml",
+                          ray={"runtimeEnv": {"env_vars": {"A": "1"}}})
+    cases = [(f, f"127.0.0.1:{_free_port()}") for f in (plain, with_env)]
+
+    def one(case: tuple[Path, str]) -> tuple[subprocess.CompletedProcess[str], float]:
+        t0 = time.monotonic()
+        out = subprocess.run([*ENVPOOL, "serve", "--config", str(case[0]), "--address", case[1],
+                              "--connect-timeout", "5", "--http-port", "0"],
+                             capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+        return out, time.monotonic() - t0
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        for (_, address), (out, took) in zip(cases, pool.map(one, cases), strict=True):
+            assert out.returncode == 1, (took, out.stderr)
+            assert f"envpool serve: no Ray cluster at {address} after 5s" in out.stderr, out.stderr
+            assert "Traceback" not in out.stderr, out.stderr
+            # one try of Ray's is 1 + 1 + 2 + 1 s with the bound (it was 41 s)
+            assert "within 1 seconds" in out.stderr, out.stderr
+
+
 def _pool_file(tmp_path: Path, env_id: str, name: str = "pool.yaml", **spec: object) -> Path:
     import yaml
 

@@ -43,7 +43,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the operator until SIGINT/SIGTERM; returns the process exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        # argparse's form and exit code 2, with this command's usage line
+        parser.error(f"--metrics-port must be a port in [0, 65535] (0: off), got "
+                     f"{args.metrics_port}")
     # Imported here so `envpool --help` does not pay for kopf and kubernetes.
     import kopf
 
@@ -51,10 +56,6 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = settings.from_env()
     if args.metrics_port is not None:
-        if not 0 <= args.metrics_port <= 65535:
-            print(f"envpool operator: --metrics-port must be in [0, 65535], got "
-                  f"{args.metrics_port}", file=sys.stderr)
-            return 2
         cfg = dataclasses.replace(cfg, metrics_port=args.metrics_port)
     if args.metrics_addr is not None:
         cfg = dataclasses.replace(cfg, metrics_addr=args.metrics_addr)

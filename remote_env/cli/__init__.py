@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from remote_env.cli import bench, serve
+from remote_env.cli import argcheck, bench, serve
 from remote_env.cli import run as run_cmd
 
 
@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="envpool", description="Remote gymnasium vector envs on Ray, run on Kubernetes."
     )
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND",
+                                parser_class=argcheck.SubcommandParser)
     run_cmd.add_parser(sub)
     serve.add_serve_parser(sub)
     bench.add_parser(sub)
@@ -37,8 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         from envpool_operator import cli as operator_cli
 
         return int(operator_cli.main(argv[1:]))
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.cmd == "run":
-        run_cmd.check(parser, args)
+    args = build_parser().parse_args(argv)
+    # each subcommand's checks after parsing, reported with that subcommand's usage line
+    # (``envpool run: error: ...``): the check is bound to its own parser (cli.argcheck)
+    check = getattr(args, "check", None)
+    if check is not None:
+        check(args)
     return int(args.fn(args))

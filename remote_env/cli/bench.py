@@ -30,7 +30,7 @@ import numpy as np
 
 from remote_env import examples
 from remote_env.checks import TRANSPORTS
-from remote_env.cli import bench_limit, bench_quiet, bench_runners, bench_sanity
+from remote_env.cli import argcheck, bench_limit, bench_quiet, bench_runners, bench_sanity
 from remote_env.cli.bench_runners import run_gymnasium, run_remote_env
 
 WORKLOADS = bench_runners.WORKLOADS
@@ -395,6 +395,23 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--latency", type=float, nargs="*", metavar="MS",
                    help="instead: recv() latency p50/p99 at these batch_wait_ms")
     p.set_defaults(fn=main)
+    argcheck.bind(p, check)
+
+
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad arguments before Ray starts, with ``envpool bench``'s usage message.
+
+    ``parser`` is the ``bench`` subparser (``args.check(args)`` binds it).
+    """
+    argcheck.each_at_least(parser, "--num-envs", args.num_envs, 1)
+    argcheck.positive(parser, "--seconds", args.seconds)
+    argcheck.at_least(parser, "--reps", args.reps, 1)
+    argcheck.at_least(parser, "--cpus", args.cpus, 1)
+    if args.simulate_nodes is not None and args.simulate_nodes < 2:
+        parser.error("--simulate-nodes needs 2 or more (the driver's node and another), "
+                     f"got {args.simulate_nodes}")
+    argcheck.each_at_least(parser, "--rss", args.rss, 1)
+    argcheck.each_at_least(parser, "--latency", args.latency, 0)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -439,9 +456,7 @@ def _main(args: argparse.Namespace, out: Any) -> int:
         from ray.cluster_utils import Cluster
 
         # fake nodes: each a raylet of its own claiming 1 CPU, all on this machine
-        if args.simulate_nodes < 2:
-            raise SystemExit("envpool bench: --simulate-nodes needs 2 or more (the driver's "
-                             f"node and another), got {args.simulate_nodes}")
+        # (2 or more: check)
         cluster = Cluster(initialize_head=True,
                           head_node_args={"num_cpus": 1, "resources": {ON_NODE: 1000}})
         for _ in range(args.simulate_nodes - 1):
@@ -449,9 +464,7 @@ def _main(args: argparse.Namespace, out: Any) -> int:
         cluster.wait_for_nodes()
         address = cluster.address
     try:
-        for n in args.num_envs:
-            if n < 1:
-                raise SystemExit(f"envpool bench: --num-envs must be >= 1, got {n}")
+        for n in args.num_envs:  # each >= 1: check
             impls = list(args.impl or (IMPLS + OFF_NODE_IMPLS if args.simulate_nodes else IMPLS))
             report = bench(args.workload, n, args.seconds, args.reps, impls,
                            args.cpus, progress, address, args.ray_worker_niceness)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import sys
 import time
 from typing import Any
@@ -19,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from remote_env import entrypoints, errors, ray_connect
+from remote_env.cli import argcheck
 from remote_env.driver import options
 from remote_env.spec.fields import FIELDS
 
@@ -77,6 +77,7 @@ def add_parser(sub: Any) -> None:
                    help="address for /metrics (default loopback: nothing exposed)")
     p.add_argument("--pool", default="local", help="pool label of the metrics")
     p.set_defaults(fn=run)
+    argcheck.bind(p, check)
 
 
 def _spin_us(text: str) -> float | str:
@@ -96,20 +97,20 @@ def _default(field: str) -> object:
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse bad arguments before Ray starts, with the parser's usage message."""
+    """Refuse bad arguments before Ray starts, with ``envpool run``'s usage message.
+
+    ``parser`` is the ``run`` subparser (``args.check(args)`` binds it).
+    """
     for name in ("num_envs", "envs_per_actor", "threads_per_actor", "splits_per_actor"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:  # None: picked
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if math.isnan(args.seconds) or args.seconds <= 0:  # inf: until Ctrl-C
-        parser.error(f"--seconds must be > 0, got {args.seconds}")
+        argcheck.at_least(parser, f"--{name.replace('_', '-')}", getattr(args, name), 1)  # None: picked
+    argcheck.at_least(parser, "--num-cpus", args.num_cpus, 0)
+    argcheck.positive(parser, "--seconds", args.seconds, inf_ok=True)  # inf: until Ctrl-C
     for flag, value in (("--max-restarts", args.max_restarts),
                         ("--step-timeout", args.step_timeout),
                         ("--batch-wait-ms", args.batch_wait_ms),
-                        ("--spin-us", 0.0 if args.spin_us in ("auto", None) else args.spin_us)):
-        if not math.isfinite(value):  # NaN passes a plain < 0
-            parser.error(f"{flag} must be a finite number, got {value}")
-        if value < 0:
-            parser.error(f"{flag} must be >= 0, got {value}")
+                        ("--spin-us", None if args.spin_us == "auto" else args.spin_us)):
+        argcheck.at_least(parser, flag, value, 0)
+    argcheck.port(parser, "--metrics-port", args.metrics_port)
     try:
         if args.file:
             from remote_env import spec

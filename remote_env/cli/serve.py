@@ -30,6 +30,7 @@ from typing import Any
 
 from remote_env import kubeconfig, ray_connect
 from remote_env import spec as spec_mod
+from remote_env.cli import argcheck
 from remote_env.pool import launch, spec_source
 
 log = logging.getLogger("remote_env.serve")
@@ -44,6 +45,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "and /status; in-cluster, report to the EnvPool's status.pool.",
     )
     p.add_argument("--config", "-f", default=os.environ.get("ENVPOOL_CONFIG"),
+                   metavar="POOL_YAML",
                    help="EnvPool YAML (the operator's ConfigMap key pool.yaml); "
                         "default $ENVPOOL_CONFIG")
     p.add_argument("--address", default=None,
@@ -75,7 +77,37 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "joined; default: by it once a node has it, else anywhere")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(fn=serve)
+    argcheck.bind(p, check)
     return p
+
+
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad arguments and a bad pool file before Ray, with ``envpool serve``'s usage.
+
+    ``parser`` is the ``serve`` subparser (``args.check(args)`` binds it).
+    """
+    from remote_env.pool.kube_report import KubeStatusReporter
+
+    argcheck.at_least(parser, "--connect-timeout", args.connect_timeout, 0)
+    argcheck.positive(parser, "--health-interval", args.health_interval)
+    argcheck.port(parser, "--http-port", args.http_port)
+    argcheck.port(parser, "--lease-port", args.lease_port, low=-1,
+                  meaning="0: any free port, -1: off")
+    if not args.config:
+        parser.error("--config POOL_YAML is required (an EnvPool manifest; or set ENVPOOL_CONFIG)")
+    try:
+        spec = spec_mod.load(args.config)
+    except spec_mod.SpecError as exc:
+        parser.error(str(exc))
+    bad_env = launch.runtime_env_error(spec.ray.runtime_env)
+    if bad_env is not None:
+        parser.error(f"{args.config}: spec.ray.runtimeEnv: {bad_env}")
+    # In a cluster the EnvPool's status is where a pool's errors show (lastError: the
+    # actors' failure, with the same text); exiting would crash-loop the sidecar instead.
+    if KubeStatusReporter.from_env() is None:
+        bad_id = launch.env_id_error(spec.env, spec.ray.runtime_env)
+        if bad_id is not None:
+            parser.error(f"{args.config}: spec.env.id: {bad_id}")
 
 
 def _http_addr(args: argparse.Namespace) -> str:
@@ -87,39 +119,23 @@ def _http_addr(args: argparse.Namespace) -> str:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Run the pool server until SIGTERM/SIGINT; returns the exit code."""
-    import ray
+    """Run the pool server until SIGTERM/SIGINT; returns the exit code.
 
+    ``args`` have passed :func:`check` (``envpool serve`` runs it first).
+    """
     from remote_env.pool.kube_report import KubeStatusReporter
     from remote_env.pool.server import PoolServer
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not args.config:
-        print("envpool serve: --config is required (or set ENVPOOL_CONFIG)", file=sys.stderr)
-        return 2
-    try:
-        spec = spec_mod.load(args.config)
-    except spec_mod.SpecError as exc:
-        print(f"envpool serve: {exc}", file=sys.stderr)
-        return 2
-    bad_env = launch.runtime_env_error(spec.ray.runtime_env)
-    if bad_env is not None:
-        print(f"envpool serve: {args.config}: spec.ray.runtimeEnv: {bad_env}", file=sys.stderr)
-        return 2
-    # In a cluster the EnvPool's status is where a pool's errors show (lastError: the
-    # actors' failure, with the same text); exiting would crash-loop the sidecar instead.
-    bad_id = (launch.env_id_error(spec.env, spec.ray.runtime_env)
-              if KubeStatusReporter.from_env() is None else None)
-    if bad_id is not None:
-        print(f"envpool serve: {args.config}: spec.env.id: {bad_id}", file=sys.stderr)
-        return 2
+    spec = spec_mod.load(args.config)
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     namespace = args.ray_namespace or spec.ray_namespace
     try:
         # in a head pod the sidecar starts with the Ray head, whose GCS takes seconds
-        # to come up (a crash there was a restart per pool)
-        ray_connect.connect(address, namespace=namespace, wait_s=args.connect_timeout)
+        # to come up (a crash there was a restart per pool). ray is first imported in
+        # there: Ray's settings that bound each try are read then (ray_connect).
+        ray = ray_connect.connect(address, namespace=namespace, wait_s=args.connect_timeout)
     except ConnectionError as exc:
         log.error("Ray at %s: %s", address, exc)
         print(f"envpool serve: no Ray cluster at {address} after {args.connect_timeout:.0f}s",
@@ -199,8 +215,10 @@ def serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m remote_env.cli.serve`` (same as ``envpool serve``)."""
     parser = argparse.ArgumentParser(prog="envpool")
-    add_serve_parser(parser.add_subparsers(dest="cmd", required=True))
+    add_serve_parser(parser.add_subparsers(dest="cmd", required=True,
+                                           parser_class=argcheck.SubcommandParser))
     args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
+    args.check(args)
     return int(args.fn(args))
 
 

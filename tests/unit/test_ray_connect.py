@@ -1,10 +1,12 @@
 """Which Ray `ray_connect.connect` joins: the argument, then $RAY_ADDRESS, then the default.
 
-`ray.init` is recorded, not run (the integration tests start real Rays through it).
+`ray.init` is recorded, not run (the integration tests start real Rays through it); the
+settings that bound a connect are read back from Ray's real config.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -70,3 +72,39 @@ def test_without_wait_s_the_first_refusal_is_raised(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(ray, "init", init)
     with pytest.raises(ConnectionError, match="no GCS"):
         ray_connect.connect("head:6379")
+
+
+_TRIES, _CHANNEL, _CLUSTER_ID = _KNOBS = (
+    "RAY_gcs_server_port_wait_time_s", "RAY_gcs_rpc_server_connect_timeout_s",
+    "RAY_py_gcs_connect_timeout_s")
+
+
+def test_a_bounded_connect_sets_rays_own_timeouts_for_its_duration(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ray's real config (no ray.init): what each ray.init try would wait for the GCS
+    assert not ray.is_initialized()
+    for knob in _KNOBS:
+        monkeypatch.delenv(knob, raising=False)
+    default = ray._config.py_gcs_connect_timeout_s()
+    for wait_s, per_try in ((5, 2), (60, 15), (300, 30)):
+        with ray_connect._bounded_gcs_connect(wait_s):
+            assert {k: os.environ[k] for k in _KNOBS} == {
+                _TRIES: "1", _CHANNEL: "1", _CLUSTER_ID: str(per_try)}
+            assert ray._config.py_gcs_connect_timeout_s() == per_try  # read again by Ray
+        assert not any(k in os.environ for k in _KNOBS)
+        assert ray._config.py_gcs_connect_timeout_s() == default == 30  # Ray's own back
+
+
+def test_a_users_own_ray_setting_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    for knob in _KNOBS:
+        monkeypatch.delenv(knob, raising=False)
+    monkeypatch.setenv(_CLUSTER_ID, "7")
+    try:
+        with ray_connect._bounded_gcs_connect(5):
+            assert (os.environ[_CLUSTER_ID], os.environ[_TRIES]) == ("7", "1")
+            assert ray._config.py_gcs_connect_timeout_s() == 7
+        assert os.environ[_CLUSTER_ID] == "7" and _TRIES not in os.environ
+    finally:
+        monkeypatch.delenv(_CLUSTER_ID)
+        ray._config.initialize("")  # Ray's defaults for the tests after this one
+    assert ray._config.py_gcs_connect_timeout_s() == 30

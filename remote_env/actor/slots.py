@@ -3,8 +3,11 @@
 :class:`EnvSlots` creates the sub-envs, restarts one that raised (``restart_failed``,
 with backoff and a cap on consecutive failures), chooses the seed of a reset and
 keeps what autoreset and a failed step need (last observation, reset due). It is the
-only writer of the :class:`EnvSlot` records; the stepper and the channel endpoint
-read them and report what happened through its methods.
+only writer of the :class:`EnvSlot` records but one field: the stepper and the channel
+endpoint read them and report what happened through its methods, except that the
+shared-memory loop (:meth:`~remote_env.actor.steps.EnvStepper.step_lean`) records a
+good step's observation as ``last_obs`` itself (a method call an env cost more than
+the assignment).
 
 A restarted env's first reset uses :func:`restart_seed` so a run with faults stays
 reproducible.
@@ -146,6 +149,11 @@ class EnvSlots:
     def __getitem__(self, position: int) -> EnvSlot:
         return self._slots[position]
 
+    @property
+    def by_position(self) -> list[EnvSlot]:
+        """The slots, indexed by position (the shared-memory loop's: no call an env)."""
+        return self._slots
+
     def __iter__(self) -> Iterator[EnvSlot]:
         return iter(self._slots)
 
@@ -238,11 +246,6 @@ class EnvSlots:
         if slot.streak.failures:
             self._crash_loop.succeeded(slot.streak)
         slot.last_obs = obs
-
-    def observed(self, slots: Sequence[EnvSlot], observations: Sequence[Any]) -> None:
-        """Good steps of envs in no crash loop (the shared-memory loop's, at once)."""
-        for slot, obs in zip(slots, observations, strict=True):
-            slot.last_obs = obs
 
     def reset_due(self, slot: EnvSlot) -> None:
         """Its episode ended (NEXT_STEP) or its step failed (DISABLED): reset first."""

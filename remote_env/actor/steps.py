@@ -229,14 +229,14 @@ class EnvStepper:
         same either way.
         """
         slots, shape = self._slots, self._kind.obs_shape
+        by_position = slots.by_position  # a list: no method call an env
         results: list[Any] = []  # (obs, reward, terminated, truncated, info) per env
         failures: list[Failure] = []
-        seen: list[EnvSlot] = []  # good steps taken here: their obs is the last seen
-        seen_obs: list[Any] = []
+        generic = False  # a result came from the generic code: its flags may be set
         missing = False  # an env out of restarts before its first observation
         switched = slots.mode_changed  # resets a mode switch made due: the generic code's
         for p, action in zip(positions, actions, strict=True):
-            slot = slots[p]
+            slot = by_position[p]
             if slot.needs_reset or slot.streak.failures or switched:
                 r = run_sync(self._step(slot, action))
             else:
@@ -254,18 +254,19 @@ class EnvStepper:
                             and (term is False or isinstance(term, FLAGS))
                             and (trunc is False or isinstance(trunc, FLAGS))
                             and type(info) is dict and not (term or trunc)):
-                        seen.append(slot)
-                        seen_obs.append(obs)
+                        # a good step of an env in no crash loop: EnvSlots.stepped's
+                        # bookkeeping is this alone
+                        slot.last_obs = obs
                         results.append(result)
                         continue
                     r = run_sync(self._stepped(slot, obs, rew, term, trunc, info))
+            generic = True
             obs, rew, term, trunc, info, failure = r
             if failure is not None:
                 failures.append(failure)
             if obs is None:
                 missing = True
             results.append((obs, rew, bool(term), bool(trunc), info))
-        slots.observed(seen, seen_obs)
         if missing:  # no row to write: send them all packed, as the generic code does
             by_index = {f.index: f for f in failures}
             return self.pack(positions, [(*r, by_index.get(slots[p].index))
@@ -279,8 +280,12 @@ class EnvStepper:
         # check_obs: the space's shape, as the rows)
         arrays.obs[idx] = observations
         arrays.rewards[idx] = rewards
-        arrays.terminations[idx] = terms
-        arrays.truncations[idx] = truncs
+        if generic:
+            arrays.terminations[idx] = terms
+            arrays.truncations[idx] = truncs
+        else:  # every step taken here: none ended (a scalar fill, no sequence read)
+            arrays.terminations[idx] = False
+            arrays.truncations[idx] = False
         return Batch(list(positions), None, None, None, None,
                      list(infos) if any(infos) else [],  # all empty: nothing to ship
                      failures, False)

@@ -282,6 +282,8 @@ class ChannelServer:
                 status, parts = protocol.reply(self._handler(message))
             elif op in (protocol.STEP, protocol.FENCED_STEP):
                 status, parts = protocol.step_reply(self._handler(protocol.step_message(op, body)))
+                if not parts:  # the usual step's reply: a header alone
+                    return status, parts
             else:
                 raise ValueError(f"unknown channel op {op}: the client speaks another protocol")
             # an error the driver can read instead of a frame it would refuse

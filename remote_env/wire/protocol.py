@@ -278,8 +278,8 @@ def send_parts(sock: socket.socket, call_id: int, op: int,
                parts: Sequence[bytes | memoryview]) -> None:
     """One frame whose body is ``parts`` back to back, in as few system calls as the
     socket takes (``sendmsg`` gathers them: no copy of a big array into one body)."""
-    if not parts:
-        send(sock, call_id, op)
+    if not parts:  # a header alone (a step's usual reply): one sendall, nothing to check
+        sock.sendall(HEAD.pack(0, call_id, op))
         return
     first = parts[0]
     if len(parts) == 1 and isinstance(first, bytes):

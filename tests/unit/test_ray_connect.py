@@ -7,6 +7,9 @@ settings that bound a connect are read back from Ray's real config.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import pytest
@@ -79,32 +82,43 @@ _TRIES, _CHANNEL, _CLUSTER_ID = _KNOBS = (
     "RAY_py_gcs_connect_timeout_s")
 
 
-def test_a_bounded_connect_sets_rays_own_timeouts_for_its_duration(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def _in_a_fresh_python(body: str, **env: str) -> None:
+    """Run ``body`` (asserts) in a new interpreter: Ray's config is process-wide, and in
+    a whole run an earlier test may have left Ray initialized in this one (a connected
+    Ray keeps its cluster's settings, and the bound is then rightly not applied)."""
+    clean = {k: v for k, v in os.environ.items() if k not in _KNOBS}
+    prelude = textwrap.dedent(f"""
+        import os
+        import ray
+        from remote_env import ray_connect
+        _TRIES, _CHANNEL, _CLUSTER_ID = _KNOBS = {_KNOBS!r}
+        assert not ray.is_initialized()
+    """)
+    done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(body)],
+                          env={**clean, **env}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_bounded_connect_sets_rays_own_timeouts_for_its_duration() -> None:
     # Ray's real config (no ray.init): what each ray.init try would wait for the GCS
-    assert not ray.is_initialized()
-    for knob in _KNOBS:
-        monkeypatch.delenv(knob, raising=False)
-    default = ray._config.py_gcs_connect_timeout_s()
-    for wait_s, per_try in ((5, 2), (60, 15), (300, 30)):
-        with ray_connect._bounded_gcs_connect(wait_s):
-            assert {k: os.environ[k] for k in _KNOBS} == {
-                _TRIES: "1", _CHANNEL: "1", _CLUSTER_ID: str(per_try)}
-            assert ray._config.py_gcs_connect_timeout_s() == per_try  # read again by Ray
-        assert not any(k in os.environ for k in _KNOBS)
-        assert ray._config.py_gcs_connect_timeout_s() == default == 30  # Ray's own back
+    _in_a_fresh_python("""
+        default = ray._config.py_gcs_connect_timeout_s()
+        for wait_s, per_try in ((5, 2), (60, 15), (300, 30)):
+            with ray_connect._bounded_gcs_connect(wait_s):
+                assert {k: os.environ[k] for k in _KNOBS} == {
+                    _TRIES: "1", _CHANNEL: "1", _CLUSTER_ID: str(per_try)}, {k: os.environ.get(k) for k in _KNOBS}
+                got = ray._config.py_gcs_connect_timeout_s()
+                assert got == per_try, (wait_s, got)  # read again by Ray
+            assert not any(k in os.environ for k in _KNOBS)
+            assert ray._config.py_gcs_connect_timeout_s() == default == 30  # Ray's own back
+    """)
 
 
-def test_a_users_own_ray_setting_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    for knob in _KNOBS:
-        monkeypatch.delenv(knob, raising=False)
-    monkeypatch.setenv(_CLUSTER_ID, "7")
-    try:
+def test_a_users_own_ray_setting_is_kept() -> None:
+    _in_a_fresh_python("""
         with ray_connect._bounded_gcs_connect(5):
             assert (os.environ[_CLUSTER_ID], os.environ[_TRIES]) == ("7", "1")
             assert ray._config.py_gcs_connect_timeout_s() == 7
         assert os.environ[_CLUSTER_ID] == "7" and _TRIES not in os.environ
-    finally:
-        monkeypatch.delenv(_CLUSTER_ID)
-        ray._config.initialize("")  # Ray's defaults for the tests after this one
-    assert ray._config.py_gcs_connect_timeout_s() == 30
+        assert ray._config.py_gcs_connect_timeout_s() == 7
+    """, RAY_py_gcs_connect_timeout_s="7")

@@ -25,10 +25,18 @@ class Interrupter:
                 self.sent = True
                 _thread.interrupt_main()
 
-    def run(self, fn: Callable[[], Any]) -> tuple[bool, Any]:
-        """(interrupted, result) of ``fn()``."""
+    def start(self) -> None:
+        """Start the delay now: for a caller that starts it from inside ``fn`` (see
+        :meth:`run`), once, and only while ``fn`` runs."""
+        self._timer.start()  # a short delay may fire before start() returns
+
+    def run(self, fn: Callable[[], Any], *, start: bool = True) -> tuple[bool, Any]:
+        """(interrupted, result) of ``fn()``. ``start=False``: ``fn`` calls :meth:`start`
+        itself, where the interrupt may begin to land (started here, a delay of ~0 can
+        land before ``fn`` is entered at all)."""
         try:
-            self._timer.start()  # a short delay may fire before start() returns
+            if start:
+                self.start()
             result = fn()
         except KeyboardInterrupt:
             self._stop()
@@ -41,7 +49,8 @@ class Interrupter:
             with self._lock:
                 self._running = False
             self._timer.cancel()
-            self._timer.join()
+            if self._timer.ident is not None:  # started (see start=False)
+                self._timer.join()
         except KeyboardInterrupt:  # sent just as fn returned: its result stands
             pass
 

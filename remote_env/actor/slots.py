@@ -3,11 +3,8 @@
 :class:`EnvSlots` creates the sub-envs, restarts one that raised (``restart_failed``,
 with backoff and a cap on consecutive failures), chooses the seed of a reset and
 keeps what autoreset and a failed step need (last observation, reset due). It is the
-only writer of the :class:`EnvSlot` records but one field: the stepper and the channel
-endpoint read them and report what happened through its methods, except that the
-shared-memory loop (:meth:`~remote_env.actor.steps.EnvStepper.step_lean`) records a
-good step's observation as ``last_obs`` itself (a method call an env cost more than
-the assignment).
+only writer of the :class:`EnvSlot` records; the stepper and the channel endpoint
+read them and report what happened through its methods.
 
 A restarted env's first reset uses :func:`restart_seed` so a run with faults stays
 reproducible.
@@ -246,6 +243,11 @@ class EnvSlots:
         if slot.streak.failures:
             self._crash_loop.succeeded(slot.streak)
         slot.last_obs = obs
+
+    def observed(self, slots: Sequence[EnvSlot], observations: Sequence[Any]) -> None:
+        """Good steps of envs in no crash loop (the shared-memory loop's, at once)."""
+        for slot, obs in zip(slots, observations, strict=True):
+            slot.last_obs = obs
 
     def reset_due(self, slot: EnvSlot) -> None:
         """Its episode ended (NEXT_STEP) or its step failed (DISABLED): reset first."""

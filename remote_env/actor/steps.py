@@ -232,6 +232,8 @@ class EnvStepper:
         by_position = slots.by_position  # a list: no method call an env
         results: list[Any] = []  # (obs, reward, terminated, truncated, info) per env
         failures: list[Failure] = []
+        seen: list[EnvSlot] = []  # good steps taken here: their obs is the last seen
+        seen_obs: list[Any] = []
         generic = False  # a result came from the generic code: its flags may be set
         missing = False  # an env out of restarts before its first observation
         switched = slots.mode_changed  # resets a mode switch made due: the generic code's
@@ -254,9 +256,8 @@ class EnvStepper:
                             and (term is False or isinstance(term, FLAGS))
                             and (trunc is False or isinstance(trunc, FLAGS))
                             and type(info) is dict and not (term or trunc)):
-                        # a good step of an env in no crash loop: EnvSlots.stepped's
-                        # bookkeeping is this alone
-                        slot.last_obs = obs
+                        seen.append(slot)
+                        seen_obs.append(obs)
                         results.append(result)
                         continue
                     r = run_sync(self._stepped(slot, obs, rew, term, trunc, info))
@@ -267,6 +268,7 @@ class EnvStepper:
             if obs is None:
                 missing = True
             results.append((obs, rew, bool(term), bool(trunc), info))
+        slots.observed(seen, seen_obs)  # EnvSlots owns the records: one call, not one an env
         if missing:  # no row to write: send them all packed, as the generic code does
             by_index = {f.index: f for f in failures}
             return self.pack(positions, [(*r, by_index.get(slots[p].index))

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -385,18 +386,36 @@ class Journey:
         self.kube.helm(action, self.release, str(chart), "-n", self.ns, "-f", str(vfile),
                        "--wait", "--timeout", "180s")
 
-    def operator_pod(self) -> dict[str, Any]:
-        pods = self.kube.kubectl_json(
-            "get", "pods", "-n", self.ns, "-l", "app.kubernetes.io/name=envpool-operator")["items"]
-        (pod,) = [p for p in pods if "helm.sh/hook" not in p["metadata"].get("annotations", {})]
-        return dict(pod)
+    def operator_pod(self, timeout: float = 60.0) -> dict[str, Any]:
+        """The operator's one live pod. Right after a Recreate rollout (helm upgrade --wait,
+        a deleted pod) the old pod can still be listed: its containers have exited, so the
+        Deployment has started the new one, but its object is still being deleted. Such a
+        pod (deletionTimestamp set, or phase Succeeded/Failed) is not the operator."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = self.kube.kubectl_json(
+                "get", "pods", "-n", self.ns, "-l", "app.kubernetes.io/name=envpool-operator")["items"]
+            live = [p for p in pods
+                    if "helm.sh/hook" not in p["metadata"].get("annotations", {})
+                    and not p["metadata"].get("deletionTimestamp")
+                    and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")]
+            if len(live) == 1:
+                return dict(live[0])
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"expected one live operator pod in {self.ns} within {timeout:.0f} s, found "
+                    f"{[(p['metadata']['name'], p.get('status', {}).get('phase')) for p in pods]}")
+            time.sleep(1.0)
 
     def epool(self) -> dict[str, Any]:
         return self.kube.kubectl_json("get", "envpool", self.pool, "-n", self.ns)
 
-    def pods(self, component: str) -> list[dict[str, Any]]:
+    def pods(self, component: str, *, terminating: bool = False) -> list[dict[str, Any]]:
+        """The pool's ``component`` pods; one being deleted (a replaced head or worker,
+        listed for a while after its successor) only if ``terminating``."""
         sel = f"envpool.dev/pool={self.pool},app.kubernetes.io/component={component}"
-        return self.kube.kubectl_json("get", "pods", "-n", self.ns, "-l", sel)["items"]
+        pods = self.kube.kubectl_json("get", "pods", "-n", self.ns, "-l", sel)["items"]
+        return [p for p in pods if terminating or not p["metadata"].get("deletionTimestamp")]
 
     def wait_ready(self, timeout: float, replicas: int | None = None) -> dict[str, Any]:
         def ready() -> dict[str, Any] | None:

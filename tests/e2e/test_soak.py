@@ -195,8 +195,8 @@ class Soak:
                     return False
             elif kind == "operator_pod_deleted":
                 try:
-                    op = j.operator_pod()
-                except (ValueError, pytest.fail.Exception):
+                    op = j.operator_pod(timeout=0)
+                except AssertionError:  # the old pod still listed, or the new one not yet
                     return False
                 ready = all(c.get("ready") for c in op["status"].get("containerStatuses", []))
                 if op["metadata"]["name"] == operator_pod or not ready:

@@ -44,8 +44,10 @@ def connect(address: str | None = None, *, default: str = "local", wait_s: float
     address = address or os.environ.get("RAY_ADDRESS") or default
     if "ray" in sys.modules and sys.modules["ray"].is_initialized():
         return sys.modules["ray"]
+    # A GCS address (or "auto") is bounded even without wait_s: Ray's own default
+    # retries a GCS where nothing answers for ~14 min before it raises.
     bounded = (_bounded_gcs_connect(wait_s)
-               if wait_s > 0 and address != "local" and not address.startswith("ray://")
+               if address != "local" and not address.startswith("ray://")
                else contextlib.nullcontext())
     with bounded:
         import ray
@@ -66,7 +68,13 @@ def _connect(ray: Any, address: str, wait_s: float, init_kwargs: dict[str, Any])
         except ConnectionError as exc:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise
+                if wait_s > 0 or address.startswith("ray://"):
+                    raise
+                # Ray's message names the address it resolved, not the one given
+                raise ConnectionError(
+                    f"no Ray cluster answered at {address!r} ({exc}); one try was made: "
+                    "pass wait_s (envpool serve: --connect-timeout) to wait for a cluster "
+                    "that is starting") from exc
             pause = min(restarts.backoff(0.5, attempt, 5.0), left)
             log.info("waiting for the Ray cluster at %s (%s); retry in %.1fs", address,
                      str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__, pause)
@@ -86,7 +94,8 @@ def _bounded_gcs_connect(wait_s: float) -> Iterator[None]:
     no ``wait_s`` bounded. With these it makes one try (``gcs_server_port_wait_time_s``,
     read at each ``ray.init``) of 1 + 1 + max(2, wait_s / 4, at most Ray's 30) + 1 s, and
     :func:`connect` tries again until ``wait_s``: it gives up at most one try late
-    (``wait_s`` 5: after ~10 s).
+    (``wait_s`` 5: after ~10 s). Without ``wait_s`` it makes one try with Ray's own
+    timeouts (41 s measured) and raises, instead of Ray's ~14 min.
 
     They are environment variables, as Ray documents its settings; a setting already
     in the environment is the user's and is kept, and the environment is restored
@@ -96,11 +105,12 @@ def _bounded_gcs_connect(wait_s: float) -> Iterator[None]:
     ``ray.init``, and again after a connect that failed, for Ray's defaults back. A
     connected Ray keeps them (the two only bound a connect).
     """
-    knobs = {
-        "RAY_gcs_server_port_wait_time_s": "1",
-        "RAY_gcs_rpc_server_connect_timeout_s": "1",
-        "RAY_py_gcs_connect_timeout_s": str(max(2, math.ceil(min(wait_s, 120.0) / 4))),
-    }
+    knobs = {"RAY_gcs_server_port_wait_time_s": "1"}
+    if wait_s > 0:
+        knobs |= {
+            "RAY_gcs_rpc_server_connect_timeout_s": "1",
+            "RAY_py_gcs_connect_timeout_s": str(max(2, math.ceil(min(wait_s, 120.0) / 4))),
+        }
     added = [k for k in knobs if k not in os.environ]
     os.environ.update({k: knobs[k] for k in added})
     try:

@@ -122,3 +122,23 @@ def test_a_users_own_ray_setting_is_kept() -> None:
         assert os.environ[_CLUSTER_ID] == "7" and _TRIES not in os.environ
         assert ray._config.py_gcs_connect_timeout_s() == 7
     """, RAY_py_gcs_connect_timeout_s="7")
+
+
+def test_without_wait_s_a_gcs_where_nothing_answers_is_one_try_not_rays_fourteen_minutes() -> None:
+    # A real ray.init against a port where nothing listens. The user's own (short) Ray
+    # timeouts are kept, so one try takes ~5 s; Ray alone would make 20 of them.
+    _in_a_fresh_python("""
+        import socket, time
+        s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+        t0 = time.monotonic()
+        try:
+            ray_connect.connect(f"127.0.0.1:{port}")
+        except ConnectionError as exc:
+            took = time.monotonic() - t0
+            assert f"no Ray cluster answered at '127.0.0.1:{port}'" in str(exc), exc
+            assert "wait_s" in str(exc), exc
+        else:
+            raise AssertionError("connected to nothing")
+        assert took < 30, took
+        assert _TRIES not in os.environ  # restored after the connect
+    """, RAY_gcs_rpc_server_connect_timeout_s="1", RAY_py_gcs_connect_timeout_s="2")

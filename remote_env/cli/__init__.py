@@ -13,11 +13,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from remote_env.cli import argcheck, bench, serve
-from remote_env.cli import run as run_cmd
-
 
 def build_parser() -> argparse.ArgumentParser:
+    # The subcommands are imported here, not at the top: ``python -m remote_env.cli.serve``
+    # imports this package first, and a ``serve`` already imported by it would be run a
+    # second time as ``__main__`` (runpy's RuntimeWarning on every pool server start).
+    from remote_env.cli import argcheck, bench, serve
+    from remote_env.cli import run as run_cmd
+
     parser = argparse.ArgumentParser(
         prog="envpool", description="Remote gymnasium vector envs on Ray, run on Kubernetes."
     )

@@ -292,3 +292,14 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
     stdout, stderr = out_path.read_text(), err_path.read_text()
     assert rc == 130, stderr
     assert "done (interrupted)" in stdout
+
+
+def test_python_m_serve_runs_serve_once_without_runpys_warning() -> None:
+    # The package imported its subcommands at the top, so ``-m remote_env.cli.serve``
+    # found the module already imported and runpy warned on every start
+    out = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "remote_env.cli.serve",
+                          "--config", "/nonexistent.yaml"],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert "RuntimeWarning" not in out.stderr, out.stderr
+    assert out.returncode == 2, out.stderr
+    assert "envpool serve: error: /nonexistent.yaml: cannot read" in out.stderr, out.stderr

@@ -132,7 +132,8 @@ class LeaseActor:
                  fencer: lease_rules.Fencer | None = None,
                  epoch_clock: Callable[[], int] = time.time_ns,
                  ray_namespace: str | None = None,
-                 store: lease_store.LeaseStore | None = None) -> None:
+                 store: lease_store.LeaseStore | None = None,
+                 restore_grace_s: float = lease_store.RESTORE_GRACE_S) -> None:
         self._pool = pool
         self._clock = clock
         self._fencer = fencer if fencer is not None else functools.partial(
@@ -142,7 +143,10 @@ class LeaseActor:
         # restart (Ray restarts it empty): a trainer stepping through the restart must
         # keep its envs, and a second trainer attaching meanwhile must not get them.
         self._store = store if store is not None else lease_store.MemoryStore()
-        book = lease_store.load_book(self._store.load(lease_store.LEASES), clock())
+        # ... and a lease read back waits its ttl plus restore_grace_s for its first
+        # renewal: its trainer must reach this restarted actor first (a new head).
+        book = lease_store.load_book(self._store.load(lease_store.LEASES), clock(),
+                                     restore_grace_s)
         self._book = lease_rules.LeaseBook(book.leases, book.slot_epoch, book.last_epoch)
         self._cond = threading.Condition()
         layout = lease_store.load_layout(self._store.load(lease_store.LAYOUT))

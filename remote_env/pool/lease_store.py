@@ -105,17 +105,29 @@ def dump_book(leases: Iterable[Lease], slot_epoch: Mapping[int, int], last_epoch
     })
 
 
-def load_book(doc: str | None, now: float) -> Book:
-    """The :class:`Book` in ``doc``. Each lease gets a full ttl from ``now``: when it
-    was last renewed is not kept (a renewal writes nothing), so its holder gets the
-    benefit of the doubt."""
+#: How much longer than its ttl a lease read back by a restarted lease actor runs
+#: before its first renewal. The actor restarts with the head pod (its loss under GCS
+#: fault tolerance), and a Ray client trainer must connect to the new head before it
+#: can renew: Ray client's own reconnect tries for 30 s, and the new head's proxier
+#: sometimes fails to start the client's server ("SpecificServer startup failed") and
+#: answers only after its 30 s channel timeout. On the test cluster's real node one
+#: trainer that stepped on with 0 errors went 108 s without a renewal (60 s ttl): its
+#: lease ran out meanwhile. Once renewed, a lease runs on its ttl alone.
+RESTORE_GRACE_S: Final = 120.0
+
+
+def load_book(doc: str | None, now: float, grace_s: float = RESTORE_GRACE_S) -> Book:
+    """The :class:`Book` in ``doc``. Each lease runs its ttl plus ``grace_s`` from
+    ``now``: when it was last renewed is not kept (a renewal writes nothing), so its
+    holder gets the benefit of the doubt, and the time to reach the restarted actor
+    (:data:`RESTORE_GRACE_S`)."""
     if not doc:
         return Book()
     raw = json.loads(doc)
     # "holder" came later: an older record's leases have none (ttl only)
     leases = tuple(Lease(x["lease_id"], x["trainer"], [int(s) for s in x["slots"]],
-                         float(x["ttl_s"]), now + float(x["ttl_s"]), now, int(x["epoch"]),
-                         str(x.get("holder") or ""))
+                         float(x["ttl_s"]), now + float(x["ttl_s"]) + grace_s, now,
+                         int(x["epoch"]), str(x.get("holder") or ""))
                    for x in raw.get("leases", []))
     return Book(leases, {int(s): int(e) for s, e in raw.get("slot_epoch", {}).items()},
                 int(raw.get("last_epoch", 0)))

@@ -86,11 +86,12 @@ def client_cluster() -> Iterator[tuple[Cluster, int]]:
 def _lease_actor(ns: str) -> Any:
     """The pool's lease actor as the pool server makes it (detached, restarted by Ray,
     its leases in the GCS's KV), with a published layout of one actor of 2 envs (no env
-    actor runs: the heartbeat alone is watched)."""
+    actor runs: the heartbeat alone is watched). Without the grace a restored lease
+    gets (lease_store.RESTORE_GRACE_S): it would hide a renewal that came late."""
     actor = lease_actor.remote_class().options(
         name=lease_actor.LEASE_ACTOR_NAME, namespace=ns, lifetime="detached",
         max_concurrency=lease_actor.LEASE_ACTOR_CONCURRENCY, num_cpus=0, max_restarts=-1,
-    ).remote("renewal", ray_namespace=ns, store=lease_store.RayKVStore(ns))
+    ).remote("renewal", ray_namespace=ns, store=lease_store.RayKVStore(ns), restore_grace_s=0.0)
     ray.get(actor.server_sync.remote([SlotInfo(0, "host-00000-g1", "id0", 2, "ready")], {}, 0.0),
             timeout=60)
     return actor

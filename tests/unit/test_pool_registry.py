@@ -246,6 +246,34 @@ def test_leases_survive_a_restart_of_the_registry() -> None:
     assert [s.slot for s in third.layout().slots] == [1 - slot_a]
 
 
+def test_a_restored_lease_waits_ttl_plus_the_grace_for_its_first_renewal() -> None:
+    """A lease read back by a restarted lease actor (the head pod's loss) runs its ttl
+    plus RESTORE_GRACE_S before its first renewal: its Ray client trainer must connect
+    to the new head first (seen on the real node: 108 s without a renewal, 60 s ttl).
+    Once renewed it runs on its ttl alone, and an unrenewed one still ends."""
+    from remote_env.pool.lease_store import RESTORE_GRACE_S, MemoryStore
+
+    store, clock, fences = MemoryStore(), Clock(), Fences()
+    reg = LeaseActor("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
+    reg.server_sync(_slots(2, 2), {"signature": "s"}, timeout=0)
+    a = reg.acquire("a", 2, ttl_s=30)
+    b = reg.acquire("b", 2, ttl_s=30)
+    again = LeaseActor("p", clock=clock, fencer=fences, epoch_clock=lambda: 5, store=store)
+    clock.t += 30 + RESTORE_GRACE_S - 1  # past the ttl, inside the grace: both still held
+    assert sorted(again.layout().leased_slots.values()) == sorted([a["lease_id"][:8], b["lease_id"][:8]])
+    with pytest.raises(LeaseError, match=r"0 free"):
+        again.acquire("c", 2, ttl_s=30)
+    assert again.renew(a["lease_id"], "a", [s.slot for s in a["slots"]], 30, a["epoch"])
+    clock.t += 2  # b's grace is over; a renewed: one ttl from its renewal
+    assert list(again.layout().leased_slots.values()) == [a["lease_id"][:8]]
+    c = again.acquire("c", 2, ttl_s=30)
+    assert {s.slot for s in c["slots"]} == {s.slot for s in b["slots"]}
+    clock.t += 27  # 29 s since a's renewal: a's ttl from it (not the grace again)
+    assert a["lease_id"][:8] in again.layout().leased_slots.values()
+    clock.t += 2
+    assert a["lease_id"][:8] not in again.layout().leased_slots.values()
+
+
 def test_a_registry_without_a_store_record_starts_empty() -> None:
     from remote_env.pool import lease_store
 
